@@ -1,0 +1,91 @@
+"""Domain errors: a status kind, a stable reason and the dynamic values behind it.
+
+The API layer turns these into gRPC statuses with one google.rpc.ErrorInfo; the domain
+itself knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    """Stable ErrorInfo reasons; mirrored one-to-one by checkpoint.v1.ErrorReason."""
+
+    INVALID_PLAN_ID = "INVALID_PLAN_ID"
+    INVALID_CHECKPOINT_ID = "INVALID_CHECKPOINT_ID"
+    MISSING_FIELD = "MISSING_FIELD"
+    UNKNOWN_ENUM_VALUE = "UNKNOWN_ENUM_VALUE"
+    INVALID_PHASE = "INVALID_PHASE"
+    INVALID_LABEL = "INVALID_LABEL"
+    FIELD_TOO_LONG = "FIELD_TOO_LONG"
+    INVALID_REQUEST_ID = "INVALID_REQUEST_ID"
+    REQUEST_ID_REUSED = "REQUEST_ID_REUSED"
+    INVALID_PAGE_SIZE = "INVALID_PAGE_SIZE"
+    INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
+    INVALID_FILTER = "INVALID_FILTER"
+    INVALID_PATH = "INVALID_PATH"
+    INVALID_WORKSPACE_ROOT = "INVALID_WORKSPACE_ROOT"
+    WORKSPACE_ROOT_NOT_ALLOWED = "WORKSPACE_ROOT_NOT_ALLOWED"
+    WORKSPACE_ROOT_MISMATCH = "WORKSPACE_ROOT_MISMATCH"
+    NO_WORKSPACE = "NO_WORKSPACE"
+    CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"
+    PLAN_NOT_FOUND = "PLAN_NOT_FOUND"
+    CHECKPOINT_PLAN_MISMATCH = "CHECKPOINT_PLAN_MISMATCH"
+    ROLLBACK_CONFLICT = "ROLLBACK_CONFLICT"
+    UNKNOWN_CONFIG_KEY = "UNKNOWN_CONFIG_KEY"
+    INVALID_CONFIG_VALUE = "INVALID_CONFIG_VALUE"
+    STORAGE_EXHAUSTED = "STORAGE_EXHAUSTED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    WORKSPACE_UNAVAILABLE = "WORKSPACE_UNAVAILABLE"
+    CORRUPT_CONTENT = "CORRUPT_CONTENT"
+
+
+class Kind(enum.Enum):
+    """The class of failure; the API layer maps each to exactly one status code."""
+
+    INVALID_ARGUMENT = enum.auto()
+    NOT_FOUND = enum.auto()
+    FAILED_PRECONDITION = enum.auto()
+    PERMISSION_DENIED = enum.auto()
+    RESOURCE_EXHAUSTED = enum.auto()
+    UNAVAILABLE = enum.auto()
+    DATA_LOSS = enum.auto()
+
+
+class CheckpointdError(Exception):
+    kind: Kind
+
+    def __init__(self, reason: Reason, message: str, **metadata: object) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.metadata = {k: str(v) for k, v in metadata.items()}
+
+
+class InvalidArgument(CheckpointdError):
+    kind = Kind.INVALID_ARGUMENT
+
+
+class NotFound(CheckpointdError):
+    kind = Kind.NOT_FOUND
+
+
+class FailedPrecondition(CheckpointdError):
+    kind = Kind.FAILED_PRECONDITION
+
+
+class PermissionDenied(CheckpointdError):
+    kind = Kind.PERMISSION_DENIED
+
+
+class ResourceExhausted(CheckpointdError):
+    kind = Kind.RESOURCE_EXHAUSTED
+
+
+class Unavailable(CheckpointdError):
+    kind = Kind.UNAVAILABLE
+
+
+class DataLoss(CheckpointdError):
+    kind = Kind.DATA_LOSS
