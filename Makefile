@@ -2,27 +2,24 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 INSTALLED := $(VENV)/.installed
 PROTO_SOURCES := $(shell find protos -name '*.proto')
-PROTO_STAMP := protos/.generated
 
 .PHONY: install proto run test lint bench clean
 
-install: $(INSTALLED) $(PROTO_STAMP)
+install: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml
+# Code is generated before the editable install so the generated packages are found.
+$(INSTALLED): pyproject.toml $(PROTO_SOURCES) protos/generate.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $@
-
-$(PROTO_STAMP): $(INSTALLED) $(PROTO_SOURCES) protos/generate.py
+	$(PIP) --upgrade pip 'grpcio-tools>=1.70'
 	$(BIN)/python protos/generate.py
+	$(PIP) -e '.[dev]'
 	touch $@
 
 proto: $(INSTALLED)
 	$(BIN)/python protos/generate.py
-	touch $(PROTO_STAMP)
 
 run: install
 	$(BIN)/checkpointd serve
@@ -34,5 +31,5 @@ lint: install
 	$(BIN)/ruff check service clients/python tests protos/generate.py
 
 clean:
-	rm -rf $(VENV) $(PROTO_STAMP)
-	find protos -name '*_pb2*.py*' -delete -o -name '__init__.py' -delete
+	rm -rf $(VENV)
+	find protos \( -name '*_pb2*.py*' -o -name '__init__.py' \) -delete
