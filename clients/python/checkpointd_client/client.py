@@ -1,0 +1,321 @@
+"""Typed clients over the generated checkpoint.v1 stubs.
+
+Every call carries a deadline. Retries happen only inside gRPC, only for UNAVAILABLE, driven by
+the channel's service config; mutating calls carry a request_id generated once per call, so a
+retried attempt is recognised by the server as the same request and never records twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar
+
+import grpc
+from google.protobuf import struct_pb2
+
+from checkpoint.v1 import (
+    checkpoint_service_pb2,
+    checkpoint_service_pb2_grpc,
+    config_service_pb2,
+    config_service_pb2_grpc,
+)
+from checkpointd_client.errors import CheckpointdRpcError
+from checkpointd_client.vocabulary import AutoTrigger, parse_phase
+
+DEFAULT_DEADLINE_S = 5.0
+# A WatchConfig stream is re-opened when this deadline ends; the first messages re-sync the values.
+DEFAULT_WATCH_DEADLINE_S = 300.0
+RETRY_MAX_ATTEMPTS = 4
+
+JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+Checkpoint = checkpoint_service_pb2.Checkpoint
+FileChange = checkpoint_service_pb2.FileChange
+RollbackResponse = checkpoint_service_pb2.RollbackResponse
+RollbackScope = checkpoint_service_pb2.RollbackScope.ValueType
+ConfigEntry = config_service_pb2.ConfigEntry
+
+_Response = TypeVar("_Response")
+
+
+def retry_service_config(max_attempts: int = RETRY_MAX_ATTEMPTS) -> str:
+    """The gRPC service config that retries both services' calls on UNAVAILABLE and nothing else."""
+    return json.dumps(
+        {
+            "methodConfig": [
+                {
+                    "name": [
+                        {"service": "checkpoint.v1.CheckpointService"},
+                        {"service": "checkpoint.v1.ConfigService"},
+                    ],
+                    "retryPolicy": {
+                        "maxAttempts": max_attempts,
+                        "initialBackoff": "0.1s",
+                        "maxBackoff": "1s",
+                        "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"],
+                    },
+                }
+            ]
+        }
+    )
+
+
+def validate_target(target: str) -> str:
+    """Accept "host:port" or "unix:///absolute/path"; refuse anything else before dialing."""
+    if target.startswith("unix:"):
+        path = target.removeprefix("unix://") if target.startswith("unix://") else ""
+        if not path.startswith("/"):
+            raise ValueError(f"unix target must be unix:///absolute/path, got {target!r}")
+        return target
+    host, separator, port = target.rpartition(":")
+    if not separator or not host or not port.isdigit():
+        raise ValueError(f"target must be host:port or unix:///absolute/path, got {target!r}")
+    return target
+
+
+def open_channel(target: str, *, max_attempts: int = RETRY_MAX_ATTEMPTS) -> grpc.Channel:
+    """An insecure channel to checkpointd with the UNAVAILABLE-only retry policy."""
+    return grpc.insecure_channel(
+        validate_target(target),
+        options=[
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", retry_service_config(max_attempts)),
+        ],
+    )
+
+
+def new_request_id() -> str:
+    """An idempotency key for one logical mutating call (AIP-155)."""
+    return str(uuid.uuid4())
+
+
+class _RpcCaller:
+    """Applies the deadline and bearer token to each call and translates gRPC errors."""
+
+    def __init__(self, deadline_s: float, token: str | None) -> None:
+        if deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive, got {deadline_s}")
+        self.deadline_s = deadline_s
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+
+    def unary(
+        self, name: str, method: Callable[..., _Response], request: object, timeout: float | None
+    ) -> _Response:
+        try:
+            return method(request, timeout=timeout or self.deadline_s, metadata=self.metadata)
+        except grpc.RpcError as error:
+            raise CheckpointdRpcError.from_grpc(name, error) from None
+
+
+class CheckpointClient:
+    """CheckpointService calls returning the proto messages of the contract."""
+
+    def __init__(
+        self, channel: grpc.Channel, *, deadline_s: float = DEFAULT_DEADLINE_S, token: str | None = None
+    ) -> None:
+        self._stub = checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
+        self._rpc = _RpcCaller(deadline_s, token)
+
+    def create_checkpoint(
+        self,
+        plan_id: str,
+        *,
+        trigger: AutoTrigger | None = None,
+        phase: str | None = None,
+        source_tool: str = "",
+        labels: Mapping[str, str] | None = None,
+        description: str = "",
+        state: bytes = b"",
+        workspace_root: str | os.PathLike[str] | None = None,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Checkpoint:
+        """Record a checkpoint. `trigger=None` is a manual checkpoint; only those may name a `phase`.
+
+        An automatic trigger always sends the phase it implies.
+        """
+        if trigger is None:
+            trigger_value = checkpoint_service_pb2.TRIGGER_MANUAL
+            phase_value = parse_phase(phase) if phase else checkpoint_service_pb2.PHASE_MANUAL
+        else:
+            if phase is not None:
+                raise ValueError(f"phase is implied by trigger {trigger.value}; do not pass one")
+            trigger_value, phase_value = trigger.proto, trigger.phase
+        request = checkpoint_service_pb2.CreateCheckpointRequest(
+            plan_id=plan_id,
+            phase=phase_value,
+            trigger=trigger_value,
+            source_tool=source_tool,
+            labels=dict(labels or {}),
+            description=description,
+            state=state,
+            workspace_root=os.fspath(workspace_root) if workspace_root is not None else "",
+            request_id=request_id or new_request_id(),
+        )
+        return self._rpc.unary("CreateCheckpoint", self._stub.CreateCheckpoint, request, timeout).checkpoint
+
+    def get_checkpoint(self, checkpoint_id: str, *, full: bool = False, timeout: float | None = None) -> Checkpoint:
+        """One checkpoint; `full=True` includes the state bytes."""
+        view = checkpoint_service_pb2.CHECKPOINT_VIEW_FULL if full else checkpoint_service_pb2.CHECKPOINT_VIEW_BASIC
+        request = checkpoint_service_pb2.GetCheckpointRequest(checkpoint_id=checkpoint_id, view=view)
+        return self._rpc.unary("GetCheckpoint", self._stub.GetCheckpoint, request, timeout).checkpoint
+
+    def list_checkpoints(
+        self, plan_id: str, *, filter_expr: str = "", page_size: int = 0, timeout: float | None = None
+    ) -> list[Checkpoint]:
+        """Every checkpoint of a plan matching the AIP-160 filter, newest first (all pages)."""
+        checkpoints: list[Checkpoint] = []
+        page_token = ""
+        while True:
+            request = checkpoint_service_pb2.ListCheckpointsRequest(
+                plan_id=plan_id, page_size=page_size, page_token=page_token, filter=filter_expr
+            )
+            response = self._rpc.unary("ListCheckpoints", self._stub.ListCheckpoints, request, timeout)
+            checkpoints.extend(response.checkpoints)
+            page_token = response.next_page_token
+            if not page_token:
+                return checkpoints
+
+    def delete_checkpoint(self, checkpoint_id: str, *, timeout: float | None = None) -> None:
+        request = checkpoint_service_pb2.DeleteCheckpointRequest(checkpoint_id=checkpoint_id)
+        self._rpc.unary("DeleteCheckpoint", self._stub.DeleteCheckpoint, request, timeout)
+
+    def diff_checkpoints(
+        self,
+        base_checkpoint_id: str,
+        target_checkpoint_id: str = "",
+        *,
+        paths: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> list[FileChange]:
+        """Paths that differ; an empty target means the plan's live workspace."""
+        request = checkpoint_service_pb2.DiffCheckpointsRequest(
+            base_checkpoint_id=base_checkpoint_id, target_checkpoint_id=target_checkpoint_id, paths=paths
+        )
+        return list(self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout).changes)
+
+    def rollback(
+        self,
+        plan_id: str,
+        checkpoint_id: str,
+        *,
+        scope: RollbackScope = checkpoint_service_pb2.ROLLBACK_SCOPE_FILES_AND_STATE,
+        paths: Sequence[str] = (),
+        dry_run: bool = False,
+        current_state: bytes = b"",
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> RollbackResponse:
+        """Restore files and/or state; the server records a safety checkpoint first."""
+        request = checkpoint_service_pb2.RollbackRequest(
+            plan_id=plan_id,
+            checkpoint_id=checkpoint_id,
+            scope=scope,
+            paths=paths,
+            dry_run=dry_run,
+            current_state=current_state,
+            request_id=request_id or new_request_id(),
+        )
+        return self._rpc.unary("Rollback", self._stub.Rollback, request, timeout)
+
+
+def to_value(value: JsonValue) -> struct_pb2.Value:
+    """A JSON-shaped Python value as google.protobuf.Value."""
+    message = struct_pb2.Value()
+    match value:
+        case None:
+            message.null_value = struct_pb2.NULL_VALUE
+        case bool():
+            message.bool_value = value
+        case int() | float():
+            message.number_value = value
+        case str():
+            message.string_value = value
+        case list():
+            message.list_value.values.extend(to_value(item) for item in value)
+        case dict():
+            for key, item in value.items():
+                message.struct_value.fields[key].CopyFrom(to_value(item))
+        case _:
+            raise TypeError(f"not a JSON value: {value!r}")
+    return message
+
+
+def from_value(message: struct_pb2.Value) -> JsonValue:
+    """google.protobuf.Value as a plain Python value (numbers come back as float)."""
+    kind = message.WhichOneof("kind")
+    match kind:
+        case None | "null_value":
+            return None
+        case "bool_value":
+            return message.bool_value
+        case "number_value":
+            return message.number_value
+        case "string_value":
+            return message.string_value
+        case "list_value":
+            return [from_value(item) for item in message.list_value.values]
+        case "struct_value":
+            return {key: from_value(item) for key, item in message.struct_value.fields.items()}
+        case _:
+            raise TypeError(f"unknown google.protobuf.Value kind {kind!r}")
+
+
+class ConfigWatch:
+    """An open WatchConfig stream: iterate for entries, `cancel()` to end it from another thread."""
+
+    def __init__(self, call: grpc.Call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[ConfigEntry]:
+        try:
+            for response in self._call:
+                yield response.entry
+        except grpc.RpcError as error:
+            raise CheckpointdRpcError.from_grpc("WatchConfig", error) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class ConfigClient:
+    """ConfigService calls; values cross the wire as google.protobuf.Value."""
+
+    def __init__(
+        self, channel: grpc.Channel, *, deadline_s: float = DEFAULT_DEADLINE_S, token: str | None = None
+    ) -> None:
+        self._stub = config_service_pb2_grpc.ConfigServiceStub(channel)
+        self._rpc = _RpcCaller(deadline_s, token)
+
+    def get_config(self, key: str, *, plan_id: str = "", timeout: float | None = None) -> ConfigEntry:
+        """The effective entry of one key (plan override, else global, else default)."""
+        request = config_service_pb2.GetConfigRequest(key=key, plan_id=plan_id)
+        return self._rpc.unary("GetConfig", self._stub.GetConfig, request, timeout).entry
+
+    def list_config(self, *, plan_id: str = "", timeout: float | None = None) -> list[ConfigEntry]:
+        request = config_service_pb2.ListConfigRequest(plan_id=plan_id)
+        return list(self._rpc.unary("ListConfig", self._stub.ListConfig, request, timeout).entries)
+
+    def set_config(
+        self, key: str, value: JsonValue, *, plan_id: str = "", timeout: float | None = None
+    ) -> ConfigEntry:
+        """Set the global value (or the plan's override) of a key; returns the resulting entry."""
+        request = config_service_pb2.SetConfigRequest(key=key, value=to_value(value), plan_id=plan_id)
+        return self._rpc.unary("SetConfig", self._stub.SetConfig, request, timeout).entry
+
+    def clear_config(self, key: str, *, plan_id: str = "", timeout: float | None = None) -> ConfigEntry:
+        """Remove the value at this scope so the next scope (global, then default) applies."""
+        request = config_service_pb2.SetConfigRequest(key=key, plan_id=plan_id, clear=True)
+        return self._rpc.unary("SetConfig", self._stub.SetConfig, request, timeout).entry
+
+    def watch_config(
+        self, keys: Iterable[str] = (), *, plan_id: str = "", timeout: float = DEFAULT_WATCH_DEADLINE_S
+    ) -> ConfigWatch:
+        """Open a WatchConfig stream; it ends (DEADLINE_EXCEEDED) after `timeout` seconds."""
+        request = config_service_pb2.WatchConfigRequest(keys=list(keys), plan_id=plan_id)
+        call = self._stub.WatchConfig(request, timeout=timeout, metadata=self._rpc.metadata)
+        return ConfigWatch(call)
+

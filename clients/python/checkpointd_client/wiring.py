@@ -1,0 +1,65 @@
+"""One object that wires a framework to checkpointd: channel, clients, shared settings, interceptors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Self
+
+from checkpointd_client.client import DEFAULT_DEADLINE_S, CheckpointClient, ConfigClient, open_channel
+from checkpointd_client.interceptors import (
+    ExecutorCheckpointInterceptor,
+    SubplanCheckpointInterceptor,
+    ToolCheckpointInterceptor,
+)
+from checkpointd_client.policy import CheckpointConfigWatcher, TriggerPolicy
+from checkpointd_client.vocabulary import AutoTrigger
+
+
+class Checkpointd:
+    """A connection to checkpointd plus the config watcher every interceptor made here shares.
+
+    `target` is "host:port" or "unix:///absolute/path". With `watch_config=False` the server's
+    settings are never read and the registry defaults apply (useful for plain client use).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        watch_config: bool = True,
+        plan_id: str = "",
+    ) -> None:
+        self.target = target
+        self.channel = open_channel(target)
+        self.checkpoints = CheckpointClient(self.channel, deadline_s=deadline_s, token=token)
+        self.config = ConfigClient(self.channel, deadline_s=deadline_s, token=token)
+        self.settings = CheckpointConfigWatcher(self.config, plan_id=plan_id)
+        self._watching = watch_config
+        if watch_config:
+            self.settings.start()
+
+    def policy(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> TriggerPolicy:
+        """A policy on the shared server settings with this component's own local switches."""
+        return TriggerPolicy(self.settings if self._watching else None, disabled=disabled)
+
+    def tool_interceptor(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> ToolCheckpointInterceptor:
+        return ToolCheckpointInterceptor(self.checkpoints, self.policy(disabled=disabled))
+
+    def subplan_interceptor(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> SubplanCheckpointInterceptor:
+        return SubplanCheckpointInterceptor(self.checkpoints, self.policy(disabled=disabled))
+
+    def executor_interceptor(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> ExecutorCheckpointInterceptor:
+        return ExecutorCheckpointInterceptor(self.checkpoints, self.policy(disabled=disabled))
+
+    def close(self) -> None:
+        if self._watching:
+            self.settings.close()
+        self.channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
