@@ -1,0 +1,64 @@
+"""CheckpointService: proto in, domain call, proto out. No logic of its own."""
+
+from __future__ import annotations
+
+import grpc
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
+from checkpointd.api import convert
+from checkpointd.core.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
+
+
+class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
+    def __init__(self, checkpoints: Checkpoints) -> None:
+        self.checkpoints = checkpoints
+
+    def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
+        created = self.checkpoints.create(CreateRequest(
+            plan_id=request.plan_id,
+            trigger=convert.from_proto_enum(convert.TRIGGERS, request.trigger, "trigger"),
+            phase=convert.from_proto_enum(convert.PHASES, request.phase, "phase"),
+            source_tool=request.source_tool,
+            labels=dict(request.labels),
+            description=request.description,
+            state=request.state,
+            workspace_root=request.workspace_root,
+            request_id=request.request_id,
+        ))
+        return pb.CreateCheckpointResponse(checkpoint=convert.checkpoint(created))
+
+    def GetCheckpoint(self, request: pb.GetCheckpointRequest, context: grpc.ServicerContext):
+        convert.known_enum_value(pb.CheckpointView, request.view, "view")
+        found = self.checkpoints.get(request.checkpoint_id, with_state=request.view == pb.CHECKPOINT_VIEW_FULL)
+        return pb.GetCheckpointResponse(checkpoint=convert.checkpoint(found))
+
+    def ListCheckpoints(self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext):
+        found, token = self.checkpoints.list(request.plan_id, request.page_size, request.page_token, request.filter)
+        return pb.ListCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in found], next_page_token=token)
+
+    def DeleteCheckpoint(self, request: pb.DeleteCheckpointRequest, context: grpc.ServicerContext):
+        self.checkpoints.delete(request.checkpoint_id)
+        return pb.DeleteCheckpointResponse()
+
+    def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
+        changes = self.checkpoints.diff(request.base_checkpoint_id, request.target_checkpoint_id,
+                                        tuple(request.paths))
+        return pb.DiffCheckpointsResponse(changes=[convert.change(c) for c in changes])
+
+    def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
+        scope = convert.from_proto_enum(convert.SCOPES, request.scope, "scope") or Scope.FILES_AND_STATE
+        result = self.checkpoints.rollback(RollbackRequest(
+            plan_id=request.plan_id,
+            checkpoint_id=request.checkpoint_id,
+            scope=scope,
+            paths=tuple(request.paths),
+            dry_run=request.dry_run,
+            request_id=request.request_id,
+            current_state=request.current_state,
+        ))
+        response = pb.RollbackResponse(changes=[convert.change(c) for c in result.changes], state=result.state,
+                                       dry_run=result.dry_run)
+        if result.safety is not None:
+            response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
+        return response

@@ -1,0 +1,143 @@
+"""Proto messages <-> domain values. Enums convert by name, exhaustively, and an enum
+value the server does not know is refused."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, TypeVar
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpoint.v1 import config_service_pb2 as config_pb
+from checkpointd.core.checkpoints import Checkpoint, Scope
+from checkpointd.core.config import Effective, Source
+from checkpointd.core.errors import InvalidArgument, Reason
+from checkpointd.core.tree import Change, Entry, EntryKind
+from checkpointd.core.vocabulary import Phase, Trigger
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _enum_table(proto_enum: Any, prefix: str, domain: type[E]) -> dict[int, E]:
+    """Proto number -> domain member, checked to be a bijection (except UNSPECIFIED)."""
+    table = {}
+    for name, number in proto_enum.items():
+        short = name.removeprefix(prefix)
+        if short == "UNSPECIFIED":
+            continue
+        table[number] = domain[short]
+    if set(table.values()) != set(domain):
+        raise RuntimeError(f"{proto_enum.DESCRIPTOR.name} and {domain.__name__} differ")
+    return table
+
+
+PHASES = _enum_table(pb.Phase, "PHASE_", Phase)
+TRIGGERS = _enum_table(pb.Trigger, "TRIGGER_", Trigger)
+SCOPES = _enum_table(pb.RollbackScope, "ROLLBACK_SCOPE_", Scope)
+SOURCES = _enum_table(config_pb.ConfigSource, "CONFIG_SOURCE_", Source)
+ENTRY_TYPES = {EntryKind.FILE: pb.ENTRY_TYPE_FILE, EntryKind.SYMLINK: pb.ENTRY_TYPE_SYMLINK,
+               EntryKind.DIR: pb.ENTRY_TYPE_DIRECTORY}
+_PHASE_NUMBERS = {v: k for k, v in PHASES.items()}
+_TRIGGER_NUMBERS = {v: k for k, v in TRIGGERS.items()}
+_SOURCE_NUMBERS = {v: k for k, v in SOURCES.items()}
+
+
+def from_proto_enum(table: dict[int, E], number: int, field: str) -> E | None:
+    """None for UNSPECIFIED; INVALID_ARGUMENT for a number this server does not know."""
+    if number == 0:
+        return None
+    try:
+        return table[number]
+    except KeyError:
+        raise InvalidArgument(Reason.UNKNOWN_ENUM_VALUE, f"unknown {field} value {number}", field=field,
+                              value=number) from None
+
+
+def known_enum_value(proto_enum: Any, number: int, field: str) -> int:
+    """For enums with no domain counterpart: refuse numbers the contract does not define."""
+    if number not in proto_enum.values():
+        raise InvalidArgument(Reason.UNKNOWN_ENUM_VALUE, f"unknown {field} value {number}", field=field,
+                              value=number)
+    return number
+
+
+def text(value: str) -> str:
+    """Paths may hold bytes that are not UTF-8 (kept as surrogates); proto strings may not."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def timestamp(value) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def checkpoint(cp: Checkpoint) -> pb.Checkpoint:
+    row = cp.row
+    return pb.Checkpoint(
+        checkpoint_id=row.checkpoint_id,
+        plan_id=row.plan_id,
+        sequence=row.sequence,
+        phase=_PHASE_NUMBERS[Phase(row.phase)],
+        trigger=_TRIGGER_NUMBERS[Trigger(row.trigger)],
+        source_tool=row.source_tool,
+        labels=row.labels,
+        description=row.description,
+        create_time=timestamp(row.create_time),
+        workspace_root=text(row.workspace_root or ""),
+        has_files=row.tree_digest is not None,
+        file_count=row.file_count,
+        total_size_bytes=row.total_size_bytes,
+        state_size_bytes=row.state_size_bytes,
+        skipped_files=[pb.SkippedFile(path=text(p), size_bytes=size, reason=reason) for p, size, reason in row.skipped],
+        tree_digest=f"sha256:{row.tree_digest}" if row.tree_digest else "",
+        rollback_target_checkpoint_id=row.rollback_target_checkpoint_id or "",
+        state=cp.state or b"",
+    )
+
+
+def _side(entry: Entry | None) -> tuple[int, int, int]:
+    if entry is None:
+        return pb.ENTRY_TYPE_UNSPECIFIED, 0, 0
+    return ENTRY_TYPES[entry.kind], entry.size if entry.kind is not EntryKind.DIR else 0, entry.mode
+
+
+def change(c: Change) -> pb.FileChange:
+    base_type, base_size, base_mode = _side(c.base)
+    target_type, target_size, target_mode = _side(c.target)
+    if c.base is None:
+        kind = pb.CHANGE_KIND_ADDED
+    elif c.target is None:
+        kind = pb.CHANGE_KIND_DELETED
+    elif c.base.kind is not c.target.kind:
+        kind = pb.CHANGE_KIND_TYPE_CHANGED
+    else:
+        kind = pb.CHANGE_KIND_MODIFIED
+    return pb.FileChange(path=text(c.path), kind=kind, base_type=base_type, target_type=target_type,
+                         base_size_bytes=base_size, target_size_bytes=target_size, base_mode=base_mode,
+                         target_mode=target_mode)
+
+
+def value_to_python(value: struct_pb2.Value) -> Any:
+    return json_format.MessageToDict(value)
+
+
+def python_to_value(data: Any) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    json_format.ParseDict(data, value)
+    return value
+
+
+def config_entry(effective: Effective) -> config_pb.ConfigEntry:
+    entry = config_pb.ConfigEntry(
+        key=effective.key.name,
+        value=python_to_value(effective.value),
+        source=_SOURCE_NUMBERS[effective.source],
+        default_value=python_to_value(effective.key.default),
+        description=effective.key.description,
+        plan_id=effective.plan_id,
+    )
+    if effective.update_time is not None:
+        entry.update_time.CopyFrom(timestamp(effective.update_time))
+    return entry

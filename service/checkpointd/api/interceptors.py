@@ -1,0 +1,73 @@
+"""Cross-cutting concerns, kept out of the servicers: turning domain errors into rich
+statuses, and one log line per call."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from grpc_status import rpc_status
+
+from checkpointd.api.errors import rich_status, to_status
+from checkpointd.core.errors import CheckpointdError
+
+log = logging.getLogger("checkpointd.rpc")
+
+
+def _abort(context: grpc.ServicerContext, error: CheckpointdError) -> None:
+    context.abort_with_status(rpc_status.to_status(to_status(error)))
+
+
+def _abort_internal(context: grpc.ServicerContext, method: str) -> None:
+    log.exception("unexpected error in %s", method)
+    status = rich_status(grpc.StatusCode.INTERNAL, "internal error; see server log", "INTERNAL", {"method": method})
+    context.abort_with_status(rpc_status.to_status(status))
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Maps CheckpointdError to its status with ErrorInfo; anything else is a logged INTERNAL."""
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                started = time.monotonic()
+                try:
+                    response = inner(request, context)
+                except CheckpointdError as error:
+                    log.info("%s -> %s %s (%.1f ms)", method, error.kind.name, error.reason.value,
+                             (time.monotonic() - started) * 1000)
+                    _abort(context, error)
+                except Exception:
+                    if context.code() is not None:
+                        raise
+                    _abort_internal(context, method)
+                log.debug("%s -> OK (%.1f ms)", method, (time.monotonic() - started) * 1000)
+                return response
+
+            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    yield from inner_stream(request, context)
+                except CheckpointdError as error:
+                    _abort(context, error)
+                except Exception:
+                    if context.code() is not None:
+                        raise
+                    _abort_internal(context, method)
+
+            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return handler

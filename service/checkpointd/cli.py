@@ -1,0 +1,104 @@
+"""The ``checkpointd`` command line. Every serve option can also come from a
+``CHECKPOINTD_*`` environment variable; the flag wins."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+DEFAULT_TCP = "127.0.0.1:50051"
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "checkpointd"
+
+
+def _env_list(name: str, separator: str) -> list[str]:
+    return [v for v in os.environ.get(name, "").split(separator) if v]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpointd",
+        description="Checkpoint service for AI-agent runtimes: records a plan's workspace files and state, "
+                    "lists, diffs and rolls back, over gRPC (package checkpoint.v1).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the gRPC server",
+        description="Run the gRPC server (CheckpointService, ConfigService, health, reflection). "
+                    "Stops gracefully on SIGTERM/SIGINT.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "--listen", action="append", metavar="ADDR",
+        help="address to listen on, HOST:PORT or unix:///PATH; repeatable. Env CHECKPOINTD_LISTEN "
+             f"(comma-separated). Default: {DEFAULT_TCP} and unix://DATA_DIR/checkpointd.sock",
+    )
+    serve.add_argument(
+        "--data-dir", type=Path, default=os.environ.get("CHECKPOINTD_DATA_DIR") or _default_data_dir(),
+        help="directory for the SQLite metadata database and the content store. Env CHECKPOINTD_DATA_DIR",
+    )
+    serve.add_argument(
+        "--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""),
+        help="SQLAlchemy database URL (e.g. postgresql+psycopg://user@host/db); overrides the SQLite file in "
+             "the data dir. Env CHECKPOINTD_DB_URL",
+    )
+    serve.add_argument(
+        "--workspace-root", action="append", metavar="DIR",
+        help="directory under which plan workspaces may live; repeatable. Anything else is PERMISSION_DENIED. "
+             f"Env CHECKPOINTD_WORKSPACE_ROOT ('{os.pathsep}'-separated). Default: the current directory",
+    )
+    serve.add_argument("--grace-seconds", type=float, default=float(os.environ.get("CHECKPOINTD_GRACE_SECONDS", 30)),
+                       help="how long a shutdown waits for in-flight calls. Env CHECKPOINTD_GRACE_SECONDS")
+    serve.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
+                       help="logging level. Env CHECKPOINTD_LOG_LEVEL")
+    return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    from checkpointd.server import CheckpointdServer, ServerSettings
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    data_dir = Path(args.data_dir).expanduser().resolve()
+    listen = args.listen or _env_list("CHECKPOINTD_LISTEN", ",") or [DEFAULT_TCP, f"unix://{data_dir}/checkpointd.sock"]
+    roots = args.workspace_root or _env_list("CHECKPOINTD_WORKSPACE_ROOT", os.pathsep) or [os.getcwd()]
+    settings = ServerSettings(
+        listen=tuple(listen),
+        data_dir=data_dir,
+        workspace_roots=tuple(os.path.abspath(r) for r in roots),
+        db_url=args.db_url,
+        grace_seconds=args.grace_seconds,
+    )
+    server = CheckpointdServer(settings)
+    server.start()
+    print(f"checkpointd ready: listening on {' '.join(server.addresses)}; data dir {data_dir}; "
+          f"workspace roots {' '.join(settings.workspace_roots)}", flush=True)
+
+    def shutdown(signum, _frame) -> None:
+        logging.getLogger("checkpointd").info("received %s, draining", signal.Signals(signum).name)
+        threading.Thread(target=server.stop, name="drain").start()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    server.wait()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    match args.command:
+        case "serve":
+            return serve(args)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

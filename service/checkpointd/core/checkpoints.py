@@ -1,0 +1,444 @@
+"""The checkpoint application service: create, read, list, diff, delete and roll back.
+
+Operations on one plan are serialized (an in-process lock plus, on databases that have
+them, a row lock on the plan); different plans run in parallel. Blobs are made durable
+before the metadata row that references them is committed.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+from ulid import ULID
+
+from checkpointd.core import filtering, validation
+from checkpointd.core.config import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
+from checkpointd.core.db import Database
+from checkpointd.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Reason
+from checkpointd.core.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, utcnow
+from checkpointd.core.restore import Restorer
+from checkpointd.core.snapshot import CaptureResult, Snapshotter, StatIndex, disk_rules
+from checkpointd.core.store import Batch, ContentStore
+from checkpointd.core.tree import Change, Entry, EntryKind, Trees
+from checkpointd.core.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
+from checkpointd.core.workspace import Workspace, validate_relpath
+
+
+class Scope(enum.Enum):
+    FILES = "files"
+    STATE = "state"
+    FILES_AND_STATE = "files_and_state"
+
+    @property
+    def files(self) -> bool:
+        return self is not Scope.STATE
+
+    @property
+    def state(self) -> bool:
+        return self is not Scope.FILES
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    plan_id: str
+    trigger: Trigger | None = None
+    phase: Phase | None = None
+    source_tool: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    state: bytes = b""
+    workspace_root: str = ""
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    plan_id: str
+    checkpoint_id: str
+    scope: Scope = Scope.FILES_AND_STATE
+    paths: tuple[str, ...] = ()
+    dry_run: bool = False
+    request_id: str = ""
+    current_state: bytes = b""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    row: CheckpointRow
+    state: bytes | None = None
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    changes: list[Change]
+    state: bytes
+    safety: Checkpoint | None
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    data_dir: Path
+    allowed_roots: tuple[str, ...]
+
+
+def _fingerprint(**fields: object) -> str:
+    canonical = json.dumps(fields, sort_keys=True, default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _skipped_json(capture: CaptureResult) -> list[list[object]]:
+    return [[s.path, s.size, s.reason] for s in capture.skipped]
+
+
+class Checkpoints:
+    def __init__(self, db: Database, store: ContentStore, config: ConfigStore, settings: EngineSettings) -> None:
+        self.db = db
+        self.store = store
+        self.config = config
+        self.settings = settings
+        self.trees = Trees(store)
+        self.snapshotter = Snapshotter(store, self.trees, StatIndex())
+        self.restorer = Restorer(store, self.trees)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _plan_lock(self, plan_id: str) -> Iterator[None]:
+        with self._locks_guard:
+            lock = self._locks.setdefault(plan_id, threading.Lock())
+        with lock:
+            yield
+
+    def _resolve_root(self, raw: str) -> str:
+        if not os.path.isabs(raw) or "\0" in raw:
+            raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, "workspace_root must be an absolute path",
+                                  workspace_root=raw[:512])
+        real = os.path.realpath(raw)
+        if not any(real == a or real.startswith(a.rstrip("/") + "/") for a in self._allowed):
+            raise PermissionDenied(Reason.WORKSPACE_ROOT_NOT_ALLOWED,
+                                   f"workspace_root {raw!r} is outside the server's allowed workspace roots",
+                                   workspace_root=raw[:512])
+        if not os.path.isdir(real):
+            raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, f"workspace_root {raw!r} is not a directory",
+                                  workspace_root=raw[:512])
+        return real
+
+    def _excluded_paths(self, root: str) -> list[str]:
+        """The server's own data directory is never captured, even inside a workspace."""
+        data = os.path.realpath(self.settings.data_dir)
+        if data == root or data.startswith(root + "/"):
+            return [os.path.relpath(data, root)] if data != root else []
+        return []
+
+    def _capture_settings(self, plan_id: str) -> tuple[list[str], int]:
+        values = self.config.resolve_many([IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES], plan_id)
+        return values[IGNORE_PATTERNS].value, values[MAX_FILE_SIZE_BYTES].value
+
+    def _replayed(self, session: Session, request_id: str, method: str, fingerprint: str) -> OperationRow | None:
+        if not request_id:
+            return None
+        op = session.get(OperationRow, request_id)
+        if op is None:
+            return None
+        if op.method != method or op.fingerprint != fingerprint:
+            raise InvalidArgument(Reason.REQUEST_ID_REUSED,
+                                  f"request_id {request_id!r} was already used for a different request",
+                                  request_id=request_id)
+        return op
+
+    def _load(self, session: Session, checkpoint_id: str) -> CheckpointRow:
+        row = session.get(CheckpointRow, checkpoint_id)
+        if row is None:
+            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} not found",
+                           checkpoint_id=checkpoint_id)
+        return row
+
+    def _insert(self, session: Session, plan: PlanRow, row: CheckpointRow) -> CheckpointRow:
+        locked = session.exec(select(PlanRow).where(PlanRow.plan_id == plan.plan_id).with_for_update()).one()
+        locked.last_sequence += 1
+        row.sequence = locked.last_sequence
+        session.add(locked)
+        session.add(row)
+        return row
+
+    def _plan_row(self, session: Session, plan_id: str, workspace_root: str) -> PlanRow:
+        plan = session.get(PlanRow, plan_id)
+        root = self._resolve_root(workspace_root) if workspace_root else None
+        if plan is None:
+            plan = PlanRow(plan_id=plan_id, workspace_root=root)
+            session.add(plan)
+            try:
+                session.commit()
+            except IntegrityError:
+                session.rollback()
+                plan = session.get(PlanRow, plan_id)
+        if root is not None:
+            if plan.workspace_root is None:
+                plan.workspace_root = root
+                session.add(plan)
+                session.commit()
+            elif plan.workspace_root != root:
+                raise FailedPrecondition(
+                    Reason.WORKSPACE_ROOT_MISMATCH,
+                    f"plan {plan_id} already has workspace_root {plan.workspace_root!r}",
+                    workspace_root=root, plan_workspace_root=plan.workspace_root)
+        return plan
+
+    def _capture(self, plan: PlanRow, batch: Batch) -> tuple[CaptureResult, list[str], list[str]]:
+        workspace = Workspace(plan.workspace_root)
+        patterns, max_size = self._capture_settings(plan.plan_id)
+        excluded = self._excluded_paths(plan.workspace_root)
+        rules = disk_rules(workspace, patterns, excluded)
+        return self.snapshotter.capture(workspace, rules, max_size, batch), patterns, excluded
+
+    def _new_row(self, plan: PlanRow, capture: CaptureResult | None, patterns: list[str], excluded: list[str],
+                 state_digest: str | None, state_size: int, **fields: object) -> CheckpointRow:
+        return CheckpointRow(
+            checkpoint_id=str(ULID()),
+            plan_id=plan.plan_id,
+            sequence=0,
+            workspace_root=plan.workspace_root if capture else None,
+            tree_digest=capture.tree if capture else None,
+            file_count=capture.file_count if capture else 0,
+            total_size_bytes=capture.total_size if capture else 0,
+            skipped=_skipped_json(capture) if capture else [],
+            ignore_patterns=patterns,
+            excluded_paths=excluded,
+            state_digest=state_digest,
+            state_size_bytes=state_size,
+            create_time=utcnow(),
+            **fields,
+        )
+
+    # -- operations ---------------------------------------------------------------------
+
+    def create(self, req: CreateRequest) -> Checkpoint:
+        plan_id = validation.plan_id(req.plan_id)
+        trigger = req.trigger or Trigger.MANUAL
+        if trigger in SERVER_ONLY_TRIGGERS:
+            raise InvalidArgument(Reason.INVALID_PHASE, f"trigger {trigger.value!r} is recorded by the server only",
+                                  trigger=trigger.value, phase=req.phase.value if req.phase else "")
+        phase = resolve_phase(trigger, req.phase)
+        validation.max_length(req.source_tool, validation.MAX_SOURCE_TOOL, "source_tool")
+        validation.max_length(req.description, validation.MAX_DESCRIPTION, "description")
+        validation.max_length(req.state, validation.MAX_STATE_BYTES, "state")
+        labels = validation.labels(req.labels)
+        request_id = validation.request_id(req.request_id)
+        fingerprint = _fingerprint(plan=plan_id, trigger=trigger, phase=phase, tool=req.source_tool, labels=labels,
+                                   description=req.description, state=hashlib.sha256(req.state).hexdigest(),
+                                   root=req.workspace_root)
+        with self._plan_lock(plan_id), self.db.session() as session:
+            op = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
+            if op is not None:
+                return Checkpoint(self._load(session, op.result["checkpoint_id"]))
+            plan = self._plan_row(session, plan_id, req.workspace_root)
+            with self.store.batch() as batch:
+                capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
+                state_digest = batch.put_bytes(req.state) if req.state else None
+            row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
+                                phase=phase.value, trigger=trigger.value, source_tool=req.source_tool,
+                                description=req.description, labels=labels)
+            self._insert(session, plan, row)
+            if request_id:
+                session.add(OperationRow(request_id=request_id, method="CreateCheckpoint", fingerprint=fingerprint,
+                                         result={"checkpoint_id": row.checkpoint_id}))
+            session.commit()
+            return Checkpoint(row)
+
+    def get(self, checkpoint_id: str, with_state: bool = False) -> Checkpoint:
+        checkpoint_id = validation.checkpoint_id(checkpoint_id)
+        with self.db.session() as session:
+            row = self._load(session, checkpoint_id)
+        return Checkpoint(row, self._state(row) if with_state else None)
+
+    def _state(self, row: CheckpointRow) -> bytes:
+        return self.store.read_bytes(row.state_digest) if row.state_digest else b""
+
+    def list(self, plan_id: str, page_size: int = 0, page_token: str = "",
+             filter_text: str = "") -> tuple[list[Checkpoint], str]:
+        plan_id = validation.plan_id(plan_id)
+        size = filtering.page_size(page_size)
+        wanted = filtering.parse_filter(filter_text)
+        before = filtering.decode_page_token(page_token, plan_id, filter_text)
+        query = select(CheckpointRow).where(CheckpointRow.plan_id == plan_id)
+        if before is not None:
+            query = query.where(CheckpointRow.sequence < before)
+        if wanted.phase:
+            query = query.where(CheckpointRow.phase == wanted.phase)
+        if wanted.trigger:
+            query = query.where(CheckpointRow.trigger == wanted.trigger)
+        if wanted.source_tool is not None:
+            query = query.where(CheckpointRow.source_tool == wanted.source_tool)
+        for key, value in wanted.labels.items():
+            query = query.where(col(CheckpointRow.labels)[key].as_string() == value)
+        query = query.order_by(col(CheckpointRow.sequence).desc()).limit(size + 1)
+        with self.db.session() as session:
+            rows = list(session.exec(query).all())
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = filtering.encode_page_token(plan_id, filter_text, rows[-1].sequence)
+        return [Checkpoint(r) for r in rows], token
+
+    def count(self, plan_id: str) -> int:
+        with self.db.session() as session:
+            return session.exec(select(func.count()).where(CheckpointRow.plan_id == plan_id)).one()
+
+    def delete(self, checkpoint_id: str) -> None:
+        checkpoint_id = validation.checkpoint_id(checkpoint_id)
+        with self.db.session() as session:
+            row = self._load(session, checkpoint_id)
+        with self._plan_lock(row.plan_id), self.db.session() as session:
+            row = self._load(session, checkpoint_id)
+            session.delete(row)
+            session.commit()
+
+    def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
+        base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
+        target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
+        subset = self._subset(paths)
+        with self.db.session() as session:
+            base = self._load(session, base_id)
+            if not base.tree_digest:
+                raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {base_id} has no files",
+                                         checkpoint_id=base_id)
+            if target_id:
+                target = self._load(session, target_id)
+                if target.plan_id != base.plan_id:
+                    raise FailedPrecondition(Reason.CHECKPOINT_PLAN_MISMATCH,
+                                             "both checkpoints must belong to the same plan",
+                                             checkpoint_id=target_id, plan_id=base.plan_id)
+                if not target.tree_digest:
+                    raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {target_id} has no files",
+                                             checkpoint_id=target_id)
+                target_tree = target.tree_digest
+            else:
+                plan = session.get(PlanRow, base.plan_id)
+        if not target_id:
+            with self._plan_lock(base.plan_id), self.store.batch() as batch:
+                target_tree = self._capture(plan, batch)[0].tree
+        changes = self.trees.diff(base.tree_digest, target_tree)
+        return [c for c in changes if not subset or any(c.path == p or c.path.startswith(p + "/") for p in subset)]
+
+    @staticmethod
+    def _subset(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        if len(paths) > validation.MAX_PATHS:
+            raise InvalidArgument(Reason.FIELD_TOO_LONG, f"at most {validation.MAX_PATHS} paths", field="paths",
+                                  limit=validation.MAX_PATHS)
+        return tuple(validate_relpath(p.rstrip("/") if p != "/" else p) for p in paths)
+
+    def _target_rules(self, row: CheckpointRow) -> IgnoreRules:
+        def load(directory: str) -> str | None:
+            entry = self.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
+            if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
+                return None
+            return self.store.read_bytes(entry.digest).decode("utf-8", "replace")
+
+        return IgnoreRules(row.ignore_patterns, load, row.excluded_paths)
+
+    def rollback(self, req: RollbackRequest) -> RollbackResult:
+        plan_id = validation.plan_id(req.plan_id)
+        checkpoint_id = validation.checkpoint_id(req.checkpoint_id)
+        subset = self._subset(req.paths)
+        validation.max_length(req.current_state, validation.MAX_STATE_BYTES, "current_state")
+        request_id = validation.request_id(req.request_id)
+        fingerprint = _fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value, paths=subset,
+                                   dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest())
+        with self._plan_lock(plan_id), self.db.session() as session:
+            op = self._replayed(session, request_id, "Rollback", fingerprint)
+            target = self._load(session, checkpoint_id)
+            if target.plan_id != plan_id:
+                raise FailedPrecondition(Reason.CHECKPOINT_PLAN_MISMATCH,
+                                         f"checkpoint {checkpoint_id} belongs to another plan",
+                                         checkpoint_id=checkpoint_id, plan_id=plan_id)
+            if op is not None:
+                return self._replay_rollback(session, op, target, req.scope)
+            plan = session.get(PlanRow, plan_id)
+            if req.scope.files and not target.tree_digest and (req.scope is Scope.FILES or plan.workspace_root):
+                raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {checkpoint_id} has no files to restore",
+                                         checkpoint_id=checkpoint_id)
+            restore_files = req.scope.files and target.tree_digest is not None
+            if restore_files and plan.workspace_root != target.workspace_root:
+                raise FailedPrecondition(Reason.WORKSPACE_ROOT_MISMATCH,
+                                         "the plan's workspace root changed since this checkpoint",
+                                         workspace_root=target.workspace_root or "",
+                                         plan_workspace_root=plan.workspace_root or "")
+            changes: list[Change] = []
+            with self.store.batch() as batch:
+                capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
+                if capture is not None and restore_files:
+                    workspace = Workspace(plan.workspace_root)
+                    uncaptured = self.restorer.find_uncaptured(workspace, capture.tree, target.tree_digest, subset)
+                    if uncaptured:
+                        extra = self.snapshotter.capture_paths(workspace, uncaptured, batch)
+                        capture.tree = self.trees.apply(batch, capture.tree, extra)
+                        capture.file_count += sum(e.kind is not EntryKind.DIR for e in extra.values())
+                        capture.total_size += sum(e.size for e in extra.values())
+                        capture.skipped = [s for s in capture.skipped if s.path not in extra]
+                    changes = self.restorer.plan(workspace, capture.tree, target.tree_digest,
+                                                 self._target_rules(target),
+                                                 {s[0] for s in target.skipped}, subset)
+                if req.dry_run:
+                    batch.abort()
+                    return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True)
+                state_digest, state_size = self._safety_state(session, plan_id, req.current_state, batch)
+            safety = self._new_row(plan, capture, patterns, excluded, state_digest, state_size,
+                                   phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,
+                                   source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
+                                   labels={"rollback_target": checkpoint_id},
+                                   rollback_target_checkpoint_id=checkpoint_id)
+            self._insert(session, plan, safety)
+            session.commit()
+            if changes:
+                self.restorer.apply(Workspace(plan.workspace_root), changes)
+            if request_id:
+                session.add(OperationRow(request_id=request_id, method="Rollback", fingerprint=fingerprint,
+                                         result={"safety_checkpoint_id": safety.checkpoint_id,
+                                                 "changes": [_change_json(c) for c in changes]}))
+                session.commit()
+            return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety),
+                                  False)
+
+    def _safety_state(self, session: Session, plan_id: str, current: bytes, batch: Batch) -> tuple[str | None, int]:
+        if current:
+            return batch.put_bytes(current), len(current)
+        newest = session.exec(select(CheckpointRow).where(CheckpointRow.plan_id == plan_id)
+                              .order_by(col(CheckpointRow.sequence).desc()).limit(1)).first()
+        return (newest.state_digest, newest.state_size_bytes) if newest else (None, 0)
+
+    def _replay_rollback(self, session: Session, op: OperationRow, target: CheckpointRow,
+                         scope: Scope) -> RollbackResult:
+        safety = session.get(CheckpointRow, op.result["safety_checkpoint_id"])
+        changes = [_change_from_json(c) for c in op.result["changes"]]
+        return RollbackResult(changes, self._state(target) if scope.state else b"",
+                              Checkpoint(safety) if safety else None, False)
+
+
+def _change_json(change: Change) -> list[object]:
+    def side(entry):
+        return None if entry is None else [entry.kind.value, entry.mode, entry.size, entry.digest, entry.target]
+
+    return [change.path, side(change.base), side(change.target)]
+
+
+def _change_from_json(data: list) -> Change:
+    def side(raw):
+        return None if raw is None else Entry(EntryKind(raw[0]), raw[1], raw[2], raw[3], raw[4])
+
+    return Change(data[0], side(data[1]), side(data[2]))

@@ -1,0 +1,245 @@
+"""Typed configuration registry and its store.
+
+Every key is declared once here with its default, description and validator; anything
+else is refused. A value is set globally or overridden for one plan; the effective value
+is the plan's override, else the global value, else the default.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import select
+
+from checkpointd.core.db import Database
+from checkpointd.core.errors import InvalidArgument, Reason
+from checkpointd.core.models import ConfigRow, utcnow
+from checkpointd.core.vocabulary import AUTO_TRIGGERS
+
+
+class Source(enum.Enum):
+    DEFAULT = "default"
+    GLOBAL = "global"
+    PLAN = "plan"
+
+
+class OnUnavailable(enum.StrEnum):
+    """What a client does when checkpointd cannot be reached in time."""
+
+    PROCEED = "proceed"
+    REFUSE = "refuse"
+
+
+Validator = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    default: Any
+    description: str
+    validate: Validator
+
+
+def _integer(low: int, high: int) -> Validator:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise ValueError("must be an integer")
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return int(value)
+
+    return check
+
+
+def _string_list(max_items: int, max_length: int, item: Callable[[str], str] = str) -> Validator:
+    def check(value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError("must be a list of strings")
+        if len(value) > max_items:
+            raise ValueError(f"must have at most {max_items} items")
+        if any(len(v) > max_length for v in value):
+            raise ValueError(f"items must be at most {max_length} characters")
+        return [item(v) for v in value]
+
+    return check
+
+
+def _trigger_name(name: str) -> str:
+    if name not in {t.value for t in AUTO_TRIGGERS}:
+        known = ", ".join(t.value for t in AUTO_TRIGGERS)
+        raise ValueError(f"unknown trigger {name!r}; automatic triggers are: {known}")
+    return name
+
+
+def _triggers(value: Any) -> list[str]:
+    names = _string_list(len(AUTO_TRIGGERS), 64, _trigger_name)(value)
+    if len(set(names)) != len(names):
+        raise ValueError("lists a trigger twice")
+    return names
+
+
+def _one_of(kind: type[enum.StrEnum]) -> Validator:
+    def check(value: Any) -> str:
+        if value not in {v.value for v in kind}:
+            raise ValueError(f"must be one of: {', '.join(v.value for v in kind)}")
+        return value
+
+    return check
+
+
+AUTO_CREATE_ON = "core.checkpoints.auto_create_on"
+ON_UNAVAILABLE = "core.checkpoints.on_unavailable"
+CLIENT_DEADLINE_MS = "core.checkpoints.client_deadline_ms"
+IGNORE_PATTERNS = "core.snapshot.ignore_patterns"
+MAX_FILE_SIZE_BYTES = "core.snapshot.max_file_size_bytes"
+
+REGISTRY: dict[str, ConfigKey] = {
+    key.name: key
+    for key in (
+        ConfigKey(
+            AUTO_CREATE_ON,
+            [t.value for t in AUTO_TRIGGERS],
+            "Automatic triggers that create checkpoints: any of before_tool_execute, after_tool_execute, "
+            "on_subplan_spawn, on_error. Unknown names are refused.",
+            _triggers,
+        ),
+        ConfigKey(
+            ON_UNAVAILABLE,
+            OnUnavailable.PROCEED.value,
+            "What a client does when checkpointd does not answer within its deadline: 'proceed' (log a "
+            "warning and run the tool without a checkpoint) or 'refuse' (do not run the write tool).",
+            _one_of(OnUnavailable),
+        ),
+        ConfigKey(
+            CLIENT_DEADLINE_MS,
+            5000,
+            "Deadline in milliseconds that clients put on each checkpoint call (1 to 600000).",
+            _integer(1, 600_000),
+        ),
+        ConfigKey(
+            IGNORE_PATTERNS,
+            [],
+            "Extra gitignore-style patterns left out of every capture, on top of the workspace's own "
+            ".gitignore files (which take precedence, as git's excludes file does). At most 1000.",
+            _string_list(1000, 1024),
+        ),
+        ConfigKey(
+            MAX_FILE_SIZE_BYTES,
+            64 * 1024 * 1024,
+            "Files larger than this many bytes are recorded as skipped instead of captured (0 to 2^40).",
+            _integer(0, 1 << 40),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Effective:
+    key: ConfigKey
+    value: Any
+    source: Source
+    plan_id: str
+    update_time: datetime | None
+
+
+def lookup_key(name: str) -> ConfigKey:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InvalidArgument(Reason.UNKNOWN_CONFIG_KEY, f"unknown config key {name!r}", key=name) from None
+
+
+def validate_value(key: ConfigKey, value: Any) -> Any:
+    try:
+        return key.validate(value)
+    except ValueError as exc:
+        raise InvalidArgument(
+            Reason.INVALID_CONFIG_VALUE, f"invalid value for {key.name}: {exc}", key=key.name, detail=str(exc)
+        ) from None
+
+
+class ConfigStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._changed = threading.Condition()
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def resolve(self, name: str, plan_id: str = "") -> Effective:
+        return self.resolve_many([name], plan_id)[name]
+
+    def resolve_many(self, names: list[str], plan_id: str = "") -> dict[str, Effective]:
+        keys = [lookup_key(n) for n in names]
+        scopes = ["", plan_id] if plan_id else [""]
+        with self.db.session() as session:
+            rows = session.exec(
+                select(ConfigRow).where(ConfigRow.key.in_(names), ConfigRow.plan_id.in_(scopes))  # type: ignore[attr-defined]
+            ).all()
+        found = {(r.plan_id, r.key): r for r in rows}
+        out = {}
+        for key in keys:
+            row = found.get((plan_id, key.name)) if plan_id else None
+            source = Source.PLAN
+            if row is None:
+                row, source = found.get(("", key.name)), Source.GLOBAL
+            if row is None:
+                out[key.name] = Effective(key, key.default, Source.DEFAULT, plan_id, None)
+                continue
+            try:
+                value = key.validate(row.value)
+            except ValueError:
+                value, source = key.default, Source.DEFAULT
+            out[key.name] = Effective(key, value, source, plan_id, row.update_time)
+        return out
+
+    def set(self, name: str, value: Any, plan_id: str = "") -> Effective:
+        key = lookup_key(name)
+        value = validate_value(key, value)
+        with self.db.session() as session:
+            row = session.exec(select(ConfigRow).where(ConfigRow.key == name, ConfigRow.plan_id == plan_id)).first()
+            if row is None:
+                row = ConfigRow(plan_id=plan_id, key=name, value=value)
+            else:
+                row.value = value
+                row.update_time = utcnow()
+            session.add(row)
+            session.commit()
+        self._notify()
+        return self.resolve(name, plan_id)
+
+    def clear(self, name: str, plan_id: str = "") -> Effective:
+        lookup_key(name)
+        with self.db.session() as session:
+            row = session.exec(select(ConfigRow).where(ConfigRow.key == name, ConfigRow.plan_id == plan_id)).first()
+            if row is not None:
+                session.delete(row)
+                session.commit()
+        self._notify()
+        return self.resolve(name, plan_id)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    def wait_for_change(self, seen_version: int, timeout: float) -> int:
+        """Blocks until a local change after ``seen_version`` or the timeout; returns the version.
+
+        Watchers also re-read on timeout, which picks up changes made by other replicas.
+        """
+        with self._changed:
+            self._changed.wait_for(lambda: self._version != seen_version, timeout=timeout)
+            return self._version
+
+    def wake_all(self) -> None:
+        """Wakes every watcher (used on shutdown)."""
+        self._notify()

@@ -1,0 +1,82 @@
+"""Metadata tables (SQLModel). Portable across SQLite and PostgreSQL: plain columns,
+JSON for small structured values, no dialect-specific types."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _time_column(**kwargs: Any) -> Any:
+    return Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, **kwargs))
+
+
+class PlanRow(SQLModel, table=True):
+    __tablename__ = "plans"
+
+    plan_id: str = Field(primary_key=True, max_length=26)
+    workspace_root: str | None = Field(default=None, max_length=4096)
+    last_sequence: int = 0
+    create_time: datetime = _time_column()
+
+
+class CheckpointRow(SQLModel, table=True):
+    __tablename__ = "checkpoints"
+    __table_args__ = (
+        UniqueConstraint("plan_id", "sequence", name="uq_checkpoints_plan_sequence"),
+        Index("ix_checkpoints_plan_sequence", "plan_id", "sequence"),
+    )
+
+    checkpoint_id: str = Field(primary_key=True, max_length=26)
+    plan_id: str = Field(max_length=26, foreign_key="plans.plan_id")
+    sequence: int
+    phase: str = Field(max_length=32)
+    trigger: str = Field(max_length=32)
+    source_tool: str = Field(default="", max_length=256)
+    description: str = ""
+    labels: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    create_time: datetime = _time_column()
+    workspace_root: str | None = Field(default=None, max_length=4096)
+    tree_digest: str | None = Field(default=None, max_length=64)
+    file_count: int = 0
+    total_size_bytes: int = 0
+    state_digest: str | None = Field(default=None, max_length=64)
+    state_size_bytes: int = 0
+    skipped: list[list[Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    ignore_patterns: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    excluded_paths: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    rollback_target_checkpoint_id: str | None = Field(default=None, max_length=26)
+
+
+class OperationRow(SQLModel, table=True):
+    """A mutating request that carried a request_id (AIP-155), with what it returned."""
+
+    __tablename__ = "operations"
+
+    request_id: str = Field(primary_key=True, max_length=128)
+    method: str = Field(max_length=64)
+    fingerprint: str = Field(max_length=64)
+    result: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    create_time: datetime = _time_column()
+
+
+class ConfigRow(SQLModel, table=True):
+    __tablename__ = "config_values"
+    __table_args__ = (UniqueConstraint("plan_id", "key", name="uq_config_plan_key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    #: Empty for the global value.
+    plan_id: str = Field(default="", max_length=26)
+    key: str = Field(max_length=128)
+    value: Any = Field(sa_column=Column(JSON, nullable=False))
+    update_time: datetime = _time_column()
+
+
+

@@ -1,0 +1,150 @@
+"""Workspace trees as content-addressed (Merkle) nodes.
+
+A directory node lists its children sorted by name; its digest is the digest of its
+encoding, so an unchanged subtree has an unchanged digest and is reused and skipped by
+diffs without being read.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from checkpointd.core.store import Batch, ContentStore, digest_bytes
+
+
+class EntryKind(enum.StrEnum):
+    FILE = "f"
+    SYMLINK = "l"
+    DIR = "d"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: EntryKind
+    mode: int
+    size: int = 0
+    #: FILE: content digest; SYMLINK: digest of the link text; DIR: subtree digest.
+    digest: str = ""
+    #: SYMLINK only: the link text, never followed.
+    target: str = ""
+
+    def same_content(self, other: Entry) -> bool:
+        return self.kind == other.kind and self.mode == other.mode and self.digest == other.digest
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    path: str
+    base: Entry | None
+    target: Entry | None
+
+
+def encode_node(children: Mapping[str, Entry]) -> bytes:
+    rows = [
+        [name, e.kind.value, e.mode, e.size, e.digest, e.target]
+        for name, e in sorted(children.items())
+    ]
+    return json.dumps(rows, separators=(",", ":")).encode()
+
+
+def decode_node(data: bytes) -> dict[str, Entry]:
+    return {
+        name: Entry(EntryKind(kind), mode, size, digest, target)
+        for name, kind, mode, size, digest, target in json.loads(data)
+    }
+
+
+EMPTY_TREE = digest_bytes(encode_node({}))
+
+
+class Trees:
+    """Reads and writes tree nodes of one content store."""
+
+    def __init__(self, store: ContentStore, cache_size: int = 65536) -> None:
+        self.store = store
+        self._read = lru_cache(maxsize=cache_size)(self._read_uncached)
+
+    def _read_uncached(self, digest: str) -> dict[str, Entry]:
+        if digest == EMPTY_TREE:
+            return {}
+        return decode_node(self.store.read_bytes(digest))
+
+    def read(self, digest: str) -> dict[str, Entry]:
+        return self._read(digest)
+
+    @staticmethod
+    def write(batch: Batch, children: Mapping[str, Entry]) -> str:
+        return batch.put_bytes(encode_node(children))
+
+    def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
+        for name, entry in self.read(digest).items():
+            path = f"{prefix}{name}"
+            yield path, entry
+            if entry.kind is EntryKind.DIR:
+                yield from self.flatten(entry.digest, path + "/")
+
+    def lookup(self, root: str, path: str) -> Entry | None:
+        node = self.read(root)
+        parts = path.split("/")
+        for part in parts[:-1]:
+            entry = node.get(part)
+            if entry is None or entry.kind is not EntryKind.DIR:
+                return None
+            node = self.read(entry.digest)
+        return node.get(parts[-1])
+
+    def diff(self, base: str | None, target: str | None, prefix: str = "") -> Iterator[Change]:
+        """Paths that differ, parents before children, skipping equal subtrees.
+
+        A directory present on both sides is reported only when its mode differs.
+        """
+        if base == target:
+            return
+        base_node = self.read(base) if base else {}
+        target_node = self.read(target) if target else {}
+        for name in sorted(base_node.keys() | target_node.keys()):
+            b, t = base_node.get(name), target_node.get(name)
+            if b is not None and t is not None and b.same_content(t) and b.target == t.target:
+                continue
+            path = f"{prefix}{name}"
+            both_dirs = b is not None and t is not None and b.kind is t.kind is EntryKind.DIR
+            if not (both_dirs and b.mode == t.mode):
+                yield Change(path, b, t)
+            b_dir = b.digest if b is not None and b.kind is EntryKind.DIR else None
+            t_dir = t.digest if t is not None and t.kind is EntryKind.DIR else None
+            if b_dir or t_dir:
+                yield from self.diff(b_dir, t_dir, path + "/")
+
+    def apply(self, batch: Batch, root: str, updates: Mapping[str, Entry | None]) -> str:
+        """A new root with ``updates`` applied: path -> entry, or None to remove.
+
+        A directory entry with an empty digest keeps its old children (none if it is
+        new); with a digest it takes that subtree. Parents of updated paths must exist in
+        the tree or be named in ``updates``.
+        """
+        grouped: dict[str, dict[str, Entry | None]] = {}
+        for path, entry in updates.items():
+            head, _, rest = path.partition("/")
+            grouped.setdefault(head, {})[rest] = entry
+        children = dict(self.read(root))
+        for name, sub in grouped.items():
+            old = children.get(name)
+            own = sub.pop("", old)
+            if own is None or own.kind is not EntryKind.DIR:
+                if sub:
+                    raise ValueError(f"{name!r} gets children but is not a directory")
+                if own is None:
+                    children.pop(name, None)
+                else:
+                    children[name] = own
+                continue
+            kept = old.digest if old is not None and old.kind is EntryKind.DIR else EMPTY_TREE
+            subtree = own.digest or kept
+            if sub:
+                subtree = self.apply(batch, subtree, sub)
+            children[name] = Entry(EntryKind.DIR, own.mode, 0, subtree)
+        return self.write(batch, children)

@@ -1,0 +1,69 @@
+"""Field rules shared by every entry point. Limits are documented in the .proto."""
+
+from __future__ import annotations
+
+import re
+
+from ulid import ULID
+
+from checkpointd.core.errors import InvalidArgument, Reason
+
+MAX_SOURCE_TOOL = 256
+MAX_DESCRIPTION = 4096
+MAX_LABELS = 64
+MAX_LABEL_VALUE = 256
+MAX_STATE_BYTES = 16 * 1024 * 1024
+MAX_PATHS = 1000
+MAX_REQUEST_ID = 128
+
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_./-]{0,62}")
+_REQUEST_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID}}}")
+
+
+def ulid(value: str, field: str, reason: Reason, required: bool = True) -> str:
+    if not value:
+        if required:
+            raise InvalidArgument(Reason.MISSING_FIELD, f"{field} is required", field=field)
+        return value
+    try:
+        ULID.from_str(value)
+    except ValueError:
+        raise InvalidArgument(reason, f"{field} must be a 26-character ULID, got {value[:64]!r}",
+                              field=field, value=value[:64]) from None
+    if len(value) != 26:
+        raise InvalidArgument(reason, f"{field} must be a 26-character ULID", field=field, value=value[:64])
+    return value.upper()
+
+
+def plan_id(value: str, required: bool = True) -> str:
+    return ulid(value, "plan_id", Reason.INVALID_PLAN_ID, required)
+
+
+def checkpoint_id(value: str, field: str = "checkpoint_id", required: bool = True) -> str:
+    return ulid(value, field, Reason.INVALID_CHECKPOINT_ID, required)
+
+
+def max_length(value: str | bytes, limit: int, field: str) -> None:
+    if len(value) > limit:
+        raise InvalidArgument(Reason.FIELD_TOO_LONG, f"{field} is longer than {limit}", field=field, limit=limit)
+
+
+def labels(values: dict[str, str]) -> dict[str, str]:
+    if len(values) > MAX_LABELS:
+        raise InvalidArgument(Reason.INVALID_LABEL, f"at most {MAX_LABELS} labels", key="", limit=MAX_LABELS)
+    for key, value in values.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise InvalidArgument(Reason.INVALID_LABEL,
+                                  f"label key {key[:80]!r} must match [a-z][a-z0-9_./-]{{0,62}}", key=key[:80])
+        if len(value) > MAX_LABEL_VALUE:
+            raise InvalidArgument(Reason.INVALID_LABEL, f"label {key!r} is longer than {MAX_LABEL_VALUE}",
+                                  key=key)
+    return dict(values)
+
+
+def request_id(value: str) -> str:
+    if value and not _REQUEST_ID.fullmatch(value):
+        raise InvalidArgument(Reason.INVALID_REQUEST_ID,
+                              f"request_id must be 1-{MAX_REQUEST_ID} printable ASCII characters",
+                              field="request_id")
+    return value
