@@ -57,6 +57,9 @@ class ContentStore:
         self.objects.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
         self._clear_staging()
+        #: Objects written by open batches, readable before they are committed.
+        self._staged: dict[str, Path] = {}
+        self._staged_lock = threading.Lock()
 
     def _clear_staging(self) -> None:
         """Leftovers of an interrupted batch were never referenced; drop them."""
@@ -76,12 +79,22 @@ class ContentStore:
     def read_bytes(self, digest: str) -> bytes:
         return b"".join(self.iter_chunks(digest))
 
+    def _open(self, digest: str):
+        """Opens a committed object, or one still staged by an open batch."""
+        with self._staged_lock:
+            staged = self._staged.get(digest)
+        for candidate in (self.path_of(digest), staged, self.path_of(digest)):
+            if candidate is None:
+                continue
+            try:
+                return open(candidate, "rb")  # noqa: SIM115 - the caller closes it
+            except FileNotFoundError:
+                continue
+        raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing", digest=digest)
+
     def iter_chunks(self, digest: str) -> Iterator[bytes]:
         """Yields an object's content, verifying its digest as it goes."""
-        try:
-            f = open(self.path_of(digest), "rb")  # noqa: SIM115 - closed below, generator-scoped
-        except FileNotFoundError:
-            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing", digest=digest) from None
+        f = self._open(digest)
         hasher = hashlib.sha256()
         with f:
             kind = f.read(1)
@@ -140,6 +153,15 @@ class Batch:
             staged.unlink()
         else:
             self._pending[digest] = staged
+            with self.store._staged_lock:
+                self.store._staged.setdefault(digest, staged)
+
+    def _forget(self) -> None:
+        with self.store._staged_lock:
+            for digest, staged in self._pending.items():
+                if self.store._staged.get(digest) == staged:
+                    del self.store._staged[digest]
+        self._pending.clear()
 
     def put_bytes(self, data: bytes) -> str:
         digest = digest_bytes(data)
@@ -196,12 +218,12 @@ class Batch:
             raise _storage_error(exc) from exc
         finally:
             os.close(staging_fd)
-        self._pending.clear()
+        self._forget()
 
     def abort(self) -> None:
         for staged in self._pending.values():
             staged.unlink(missing_ok=True)
-        self._pending.clear()
+        self._forget()
 
 
 def _read_all(fd: int) -> bytes:
