@@ -243,7 +243,7 @@ class Checkpoints:
         fingerprint = _fingerprint(plan=plan_id, trigger=trigger, phase=phase, tool=req.source_tool, labels=labels,
                                    description=req.description, state=hashlib.sha256(req.state).hexdigest(),
                                    root=req.workspace_root)
-        with self._plan_lock(plan_id), self.db.session() as session:
+        with self._plan_lock(plan_id), self.store.referencing(), self.db.session() as session:
             op = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
             if op is not None:
                 return Checkpoint(self._load(session, op.result["checkpoint_id"]))
@@ -360,7 +360,7 @@ class Checkpoints:
         request_id = validation.request_id(req.request_id)
         fingerprint = _fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value, paths=subset,
                                    dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest())
-        with self._plan_lock(plan_id), self.db.session() as session:
+        with self._plan_lock(plan_id), self.store.referencing(), self.db.session() as session:
             op = self._replayed(session, request_id, "Rollback", fingerprint)
             target = self._load(session, checkpoint_id)
             if target.plan_id != plan_id:

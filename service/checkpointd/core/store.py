@@ -49,6 +49,40 @@ def _storage_error(exc: OSError) -> Exception:
     return exc
 
 
+class _SharedExclusiveLock:
+    """Many holders of the shared side, or one of the exclusive side (writers first)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._cond.wait_for(lambda: self._shared == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
 class ContentStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -60,6 +94,16 @@ class ContentStore:
         #: Objects written by open batches, readable before they are committed.
         self._staged: dict[str, Path] = {}
         self._staged_lock = threading.Lock()
+        self._gc_fence = _SharedExclusiveLock()
+
+    def referencing(self) -> contextlib.AbstractContextManager[None]:
+        """Hold while writing objects and committing the metadata that references them:
+        an object found to exist (and so not rewritten) cannot be collected meanwhile."""
+        return self._gc_fence.shared()
+
+    def collecting(self) -> contextlib.AbstractContextManager[None]:
+        """Held by garbage collection: no checkpoint is between its objects and its row."""
+        return self._gc_fence.exclusive()
 
     def _clear_staging(self) -> None:
         """Leftovers of an interrupted batch were never referenced; drop them."""
