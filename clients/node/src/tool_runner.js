@@ -1,0 +1,188 @@
+'use strict';
+/**
+ * Automatic checkpoints around tool calls, the Node twin of the Python tool interceptor:
+ *
+ * - a write tool (any tool that does not declare `readOnly: true`) gets a checkpoint with
+ *   trigger before_tool_execute just before it runs and after_tool_execute after it succeeded;
+ * - a read-only tool never gets one; a failed tool gets no after-checkpoint and its error is
+ *   passed on untouched;
+ * - which triggers fire is read from core.checkpoints.auto_create_on over the config RPC (per
+ *   plan, on every call), minus the triggers switched off locally;
+ * - no client or no plan_id: the tool just runs;
+ * - checkpointd down or too slow: core.checkpoints.on_unavailable decides, "proceed" (run the
+ *   tool, log a warning) or "refuse" (do not run it). A write that already happened is never
+ *   undone, so a missing after-checkpoint is always only a warning.
+ *
+ * Unknown trigger names, from the caller or the server, are refused with a RangeError.
+ */
+
+const { AUTO_TRIGGERS } = require('./contract');
+const { CheckpointUnavailableError, CheckpointdError } = require('./errors');
+
+const AUTO_CREATE_ON_KEY = 'core.checkpoints.auto_create_on';
+const ON_UNAVAILABLE_KEY = 'core.checkpoints.on_unavailable';
+const ON_UNAVAILABLE_MODES = Object.freeze(['proceed', 'refuse']);
+/** The automatic triggers that belong to a tool call, in the order they fire. */
+const TOOL_TRIGGERS = Object.freeze(['before_tool_execute', 'after_tool_execute']);
+/** The registry defaults, used until the server has been reached once. */
+const DEFAULT_POLICY = Object.freeze({
+  enabled: Object.freeze([...AUTO_TRIGGERS]),
+  onUnavailable: 'proceed',
+});
+
+/** Validates trigger names against the closed list of automatic triggers. */
+function checkTriggers(names, origin) {
+  if (!Array.isArray(names)) throw new TypeError(`${origin} must be a list of trigger names`);
+  for (const name of names) {
+    if (!AUTO_TRIGGERS.includes(name)) {
+      throw new RangeError(`${origin}: unknown trigger ${JSON.stringify(name)}; known: ${AUTO_TRIGGERS.join(', ')}`);
+    }
+  }
+  return names;
+}
+
+/** Reads the trigger switches for a plan from ConfigService, remembering the last answer. */
+class TriggerPolicy {
+  /**
+   * @param {import('./client').CheckpointdClient} client
+   * @param {{disabledTriggers?: string[]}} [options] Triggers this component switches off locally.
+   */
+  constructor(client, { disabledTriggers = [] } = {}) {
+    this.client = client;
+    this.disabled = new Set(checkTriggers(disabledTriggers, 'disabledTriggers'));
+    this.lastKnown = new Map();
+  }
+
+  /**
+   * The policy in force for a plan: {enabled: Set<string>, onUnavailable}. When checkpointd
+   * cannot be reached the last answer for the plan (else the defaults) is returned with
+   * `unreachable` set to the error.
+   */
+  async forPlan(planId) {
+    let policy;
+    try {
+      const entries = await this.client.listConfig({ planId });
+      policy = this.fromEntries(entries);
+      this.lastKnown.set(planId, policy);
+    } catch (error) {
+      if (!(error instanceof CheckpointdError) || !error.unreachable) throw error;
+      policy = { ...(this.lastKnown.get(planId) ?? DEFAULT_POLICY), unreachable: error };
+    }
+    return { ...policy, enabled: new Set(policy.enabled.filter((t) => !this.disabled.has(t))) };
+  }
+
+  fromEntries(entries) {
+    const byKey = new Map(entries.map((e) => [e.key, e.value]));
+    for (const key of [AUTO_CREATE_ON_KEY, ON_UNAVAILABLE_KEY]) {
+      if (!byKey.has(key)) throw new Error(`checkpointd does not register the config key ${key}`);
+    }
+    const onUnavailable = byKey.get(ON_UNAVAILABLE_KEY);
+    if (!ON_UNAVAILABLE_MODES.includes(onUnavailable)) {
+      throw new RangeError(`${ON_UNAVAILABLE_KEY}: unknown mode ${JSON.stringify(onUnavailable)}`);
+    }
+    return { enabled: [...checkTriggers(byKey.get(AUTO_CREATE_ON_KEY), AUTO_CREATE_ON_KEY)], onUnavailable };
+  }
+}
+
+/**
+ * Wraps one tool call in before/after checkpoints. Framework-neutral: give it the call's facts
+ * and a function that runs the tool.
+ */
+class ToolCheckpointInterceptor {
+  /**
+   * @param {object} options
+   * @param {import('./client').CheckpointdClient|null} options.client Null: checkpoints are off.
+   * @param {string[]} [options.disabledTriggers] E.g. ["before_tool_execute"].
+   * @param {{warn: Function}} [options.logger] Receives the "proceeding without a checkpoint" warnings.
+   */
+  constructor({ client, disabledTriggers = [], logger = console } = {}) {
+    this.client = client ?? null;
+    this.policy = this.client ? new TriggerPolicy(this.client, { disabledTriggers }) : null;
+    if (!this.client) checkTriggers(disabledTriggers, 'disabledTriggers');
+    this.logger = logger;
+  }
+
+  /**
+   * @template T
+   * @param {{toolName: string, readOnly?: boolean, planId?: string, workspaceRoot?: string}} call
+   * @param {() => Promise<T>|T} invoke Runs the tool.
+   * @returns {Promise<T>}
+   */
+  async around(call, invoke) {
+    if (!this.client || !call.planId || call.readOnly === true) return invoke();
+    const policy = await this.policy.forPlan(call.planId);
+    const wanted = TOOL_TRIGGERS.filter((t) => policy.enabled.has(t));
+    if (wanted.length === 0) return invoke();
+    if (policy.unreachable) return this.unavailable(policy, call, wanted[0], policy.unreachable, invoke);
+    if (policy.enabled.has('before_tool_execute')) {
+      try {
+        await this.checkpoint(call, 'before_tool_execute');
+      } catch (error) {
+        if (!(error instanceof CheckpointdError) || !error.unreachable) throw error;
+        return this.unavailable(policy, call, 'before_tool_execute', error, invoke);
+      }
+    }
+    const result = await invoke();
+    if (policy.enabled.has('after_tool_execute')) {
+      try {
+        await this.checkpoint(call, 'after_tool_execute');
+      } catch (error) {
+        if (!(error instanceof CheckpointdError) || !error.unreachable) throw error;
+        this.logger.warn(`checkpointd unreachable; ${call.toolName} ran without an after_tool_execute checkpoint: ${error.message}`);
+      }
+    }
+    return result;
+  }
+
+  checkpoint(call, trigger) {
+    return this.client.createCheckpoint(call.planId, {
+      trigger,
+      sourceTool: call.toolName,
+      workspaceRoot: call.workspaceRoot ?? '',
+    });
+  }
+
+  async unavailable(policy, call, trigger, error, invoke) {
+    if (policy.onUnavailable === 'refuse') {
+      throw new CheckpointUnavailableError(
+        `refusing to run ${call.toolName}: no ${trigger} checkpoint could be taken (${ON_UNAVAILABLE_KEY}=refuse)`,
+        { cause: error, toolName: call.toolName, trigger },
+      );
+    }
+    this.logger.warn(`checkpointd unreachable; running ${call.toolName} without checkpoints: ${error.message}`);
+    return invoke();
+  }
+}
+
+/**
+ * A minimal tool runner built on the interceptor: the shape an agent framework would copy.
+ * A tool is {readOnly?: boolean, run(args, context)}; context is {planId, workspaceRoot}.
+ */
+class ToolRunner {
+  /** @param {ConstructorParameters<typeof ToolCheckpointInterceptor>[0]} [options] */
+  constructor(options = {}) {
+    this.interceptor = new ToolCheckpointInterceptor(options);
+    this.tools = new Map();
+  }
+
+  register(name, tool) {
+    if (typeof tool?.run !== 'function') throw new TypeError(`tool ${name} needs a run(args, context) function`);
+    if (this.tools.has(name)) throw new Error(`tool ${name} is already registered`);
+    this.tools.set(name, { readOnly: tool.readOnly === true, run: tool.run });
+    return this;
+  }
+
+  /**
+   * @param {string} name
+   * @param {object} args
+   * @param {{planId?: string, workspaceRoot?: string}} [context]
+   */
+  async execute(name, args, context = {}) {
+    const tool = this.tools.get(name);
+    if (!tool) throw new RangeError(`unknown tool ${JSON.stringify(name)}; registered: ${[...this.tools.keys()].join(', ')}`);
+    const call = { toolName: name, readOnly: tool.readOnly, planId: context.planId, workspaceRoot: context.workspaceRoot };
+    return this.interceptor.around(call, () => tool.run(args, context));
+  }
+}
+
+module.exports = { AUTO_CREATE_ON_KEY, ON_UNAVAILABLE_KEY, ToolCheckpointInterceptor, ToolRunner, TriggerPolicy };

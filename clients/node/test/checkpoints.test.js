@@ -1,0 +1,169 @@
+'use strict';
+/** create / get / list / diff / rollback against a real checkpointd, over TCP and a unix socket. */
+
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+const { after, before, describe, test } = require('node:test');
+const { CheckpointdClient } = require('../src');
+const { newUlid, startServer } = require('./helpers/server');
+
+let server;
+before(async () => {
+  server = await startServer();
+});
+after(async () => {
+  await server?.cleanup();
+});
+
+function write(root, relative, content) {
+  fs.mkdirSync(path.dirname(path.join(root, relative)), { recursive: true });
+  fs.writeFileSync(path.join(root, relative), content);
+}
+
+for (const transport of ['tcp', 'unix']) {
+  describe(`checkpoints over ${transport}`, () => {
+    let client;
+    before(() => {
+      client = new CheckpointdClient(transport === 'tcp' ? server.tcpTarget : server.unixTarget);
+    });
+    after(() => client.close());
+
+    test('create, get and list record the workspace and state', async () => {
+      const planId = newUlid();
+      const workspace = server.newWorkspace();
+      write(workspace, 'notes.txt', 'hello');
+      write(workspace, 'src/app.js', 'console.log(1);\n');
+
+      const first = await client.createCheckpoint(planId, {
+        workspaceRoot: workspace,
+        labels: { step: 'one' },
+        description: 'first',
+        state: Buffer.from('{"step":1}'),
+      });
+      assert.equal(first.planId, planId);
+      assert.equal(first.sequence, 1);
+      assert.equal(first.trigger, 'manual');
+      assert.equal(first.phase, 'manual');
+      assert.equal(first.hasFiles, true);
+      assert.equal(first.fileCount, 2);
+      assert.equal(first.totalSizeBytes, 5 + 16);
+      assert.equal(first.stateSizeBytes, 10);
+      assert.deepEqual(first.labels, { step: 'one' });
+      assert.ok(first.createTime instanceof Date && !Number.isNaN(first.createTime.getTime()));
+      assert.match(first.treeDigest, /^sha256:[0-9a-f]{64}$/);
+
+      const second = await client.createCheckpoint(planId, { trigger: 'before_tool_execute', sourceTool: 'local/write-file' });
+      assert.equal(second.sequence, 2);
+      assert.equal(second.phase, 'before_tool_execute');
+      assert.equal(second.workspaceRoot, workspace);
+      assert.equal(second.treeDigest, first.treeDigest, 'an unchanged tree has the same digest');
+
+      const basic = await client.getCheckpoint(first.checkpointId);
+      assert.equal(basic.state.length, 0);
+      const full = await client.getCheckpoint(first.checkpointId, { view: 'full' });
+      assert.equal(full.state.toString(), '{"step":1}');
+
+      const page = await client.listCheckpoints(planId);
+      assert.deepEqual(page.checkpoints.map((c) => c.checkpointId), [second.checkpointId, first.checkpointId]);
+      assert.equal(page.nextPageToken, '');
+      const filtered = await client.listCheckpoints(planId, { filter: 'phase = "before_tool_execute"' });
+      assert.deepEqual(filtered.checkpoints.map((c) => c.checkpointId), [second.checkpointId]);
+    });
+
+    test('pages through a plan with iterateCheckpoints', async () => {
+      const planId = newUlid();
+      const created = [];
+      for (let i = 0; i < 5; i += 1) created.push((await client.createCheckpoint(planId, { labels: { i: String(i) } })).checkpointId);
+      const firstPage = await client.listCheckpoints(planId, { pageSize: 2 });
+      assert.equal(firstPage.checkpoints.length, 2);
+      assert.notEqual(firstPage.nextPageToken, '');
+      const all = [];
+      for await (const checkpoint of client.iterateCheckpoints(planId, { pageSize: 2 })) all.push(checkpoint.checkpointId);
+      assert.deepEqual(all, created.reverse());
+    });
+
+    test('a repeated request_id creates nothing new', async () => {
+      const planId = newUlid();
+      const requestId = `node-${newUlid()}`;
+      const once = await client.createCheckpoint(planId, { requestId, description: 'x' });
+      const again = await client.createCheckpoint(planId, { requestId, description: 'x' });
+      assert.equal(again.checkpointId, once.checkpointId);
+      assert.equal((await client.listCheckpoints(planId)).checkpoints.length, 1);
+    });
+
+    test('diff reports added, modified and deleted paths, between checkpoints and against the live tree', async () => {
+      const planId = newUlid();
+      const workspace = server.newWorkspace();
+      write(workspace, 'keep.txt', 'same');
+      write(workspace, 'change.txt', 'old');
+      write(workspace, 'remove.txt', 'bye');
+      const base = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+      write(workspace, 'change.txt', 'new content');
+      fs.rmSync(path.join(workspace, 'remove.txt'));
+      write(workspace, 'added.txt', 'hi');
+      const target = await client.createCheckpoint(planId);
+
+      const changes = await client.diffCheckpoints(base.checkpointId, { targetCheckpointId: target.checkpointId });
+      const byPath = Object.fromEntries(changes.map((c) => [c.path, c]));
+      assert.deepEqual(changes.map((c) => c.path), ['added.txt', 'change.txt', 'remove.txt']);
+      assert.equal(byPath['added.txt'].kind, 'added');
+      assert.equal(byPath['added.txt'].baseType, null);
+      assert.equal(byPath['added.txt'].targetType, 'file');
+      assert.equal(byPath['change.txt'].kind, 'modified');
+      assert.equal(byPath['change.txt'].baseSizeBytes, 3);
+      assert.equal(byPath['change.txt'].targetSizeBytes, 11);
+      assert.equal(byPath['remove.txt'].kind, 'deleted');
+
+      write(workspace, 'live.txt', 'only live');
+      const live = await client.diffCheckpoints(target.checkpointId);
+      assert.deepEqual(live.map((c) => [c.path, c.kind]), [['live.txt', 'added']]);
+      const limited = await client.diffCheckpoints(base.checkpointId, { targetCheckpointId: target.checkpointId, paths: ['change.txt'] });
+      assert.deepEqual(limited.map((c) => c.path), ['change.txt']);
+    });
+
+    test('rollback restores the files and state, after a dry run that changes nothing', async () => {
+      const planId = newUlid();
+      const workspace = server.newWorkspace();
+      write(workspace, 'a.txt', 'version 1');
+      write(workspace, 'dir/b.txt', 'bee');
+      const good = await client.createCheckpoint(planId, { workspaceRoot: workspace, state: Buffer.from('state-1') });
+      write(workspace, 'a.txt', 'version 2, broken');
+      fs.rmSync(path.join(workspace, 'dir'), { recursive: true });
+      write(workspace, 'junk.txt', 'junk');
+      await client.createCheckpoint(planId, { state: Buffer.from('state-2') });
+
+      const preview = await client.rollback(planId, good.checkpointId, { dryRun: true });
+      assert.equal(preview.dryRun, true);
+      assert.equal(preview.safetyCheckpoint, null);
+      assert.deepEqual(preview.changes.map((c) => [c.path, c.kind]).sort(), [
+        ['a.txt', 'modified'], ['dir', 'added'], ['dir/b.txt', 'added'], ['junk.txt', 'deleted'],
+      ]);
+      assert.equal(fs.readFileSync(path.join(workspace, 'a.txt'), 'utf8'), 'version 2, broken');
+
+      const done = await client.rollback(planId, good.checkpointId);
+      assert.equal(done.dryRun, false);
+      assert.equal(done.state.toString(), 'state-1');
+      assert.equal(fs.readFileSync(path.join(workspace, 'a.txt'), 'utf8'), 'version 1');
+      assert.equal(fs.readFileSync(path.join(workspace, 'dir', 'b.txt'), 'utf8'), 'bee');
+      assert.equal(fs.existsSync(path.join(workspace, 'junk.txt')), false);
+
+      const safety = done.safetyCheckpoint;
+      assert.equal(safety.trigger, 'rollback');
+      assert.equal(safety.phase, 'rollback_safety');
+      assert.equal(safety.rollbackTargetCheckpointId, good.checkpointId);
+      await client.rollback(planId, safety.checkpointId, { scope: 'files' });
+      assert.equal(fs.readFileSync(path.join(workspace, 'a.txt'), 'utf8'), 'version 2, broken', 'the rollback was undone');
+      assert.equal(fs.readFileSync(path.join(workspace, 'junk.txt'), 'utf8'), 'junk');
+    });
+
+    test('delete removes one checkpoint only', async () => {
+      const planId = newUlid();
+      const first = await client.createCheckpoint(planId);
+      const second = await client.createCheckpoint(planId);
+      await client.deleteCheckpoint(first.checkpointId);
+      const left = await client.listCheckpoints(planId);
+      assert.deepEqual(left.checkpoints.map((c) => c.checkpointId), [second.checkpointId]);
+    });
+  });
+}
