@@ -51,13 +51,17 @@ class ShadowGit:
         self.git_dir.mkdir(parents=True, exist_ok=False)
         self._git("init", "-q")
 
-    def checkpoint(self, message: str) -> tuple[str, float]:
-        """Records the whole work tree; returns (commit id, seconds spent in add + commit)."""
+    def checkpoint(self, message: str) -> tuple[str, str, float]:
+        """Records the whole work tree; returns (commit id, tree id, seconds spent in add + commit)."""
         start = time.perf_counter()
         self._git("add", "-A")
         self._git("commit", "--allow-empty", "-q", "-m", message)
         elapsed = time.perf_counter() - start
-        return self._git("rev-parse", "HEAD").strip(), elapsed
+        commit, tree = self._git("rev-parse", "HEAD", "HEAD^{tree}").split()
+        return commit, tree, elapsed
+
+    def tracked_file_count(self, commit: str) -> int:
+        return len(self._git("ls-tree", "-r", "--name-only", commit).splitlines())
 
     def restore(self, commit: str) -> float:
         """Puts the work tree back to ``commit``; returns the seconds it took."""
@@ -65,6 +69,12 @@ class ShadowGit:
         self._git("restore", "--source", commit, "--worktree", "--", ".")
         self._git("clean", "-fd")
         return time.perf_counter() - start
+
+    def repair(self, commit: str) -> None:
+        """Forces the work tree to ``commit`` (index included) after a restore that went wrong,
+        so later measurements start from the intended tree."""
+        self._git("restore", "--source", commit, "--staged", "--worktree", "--", ".")
+        self._git("clean", "-fd")
 
     def gc(self) -> None:
         """A plain ``git gc`` (not --aggressive), waited for."""

@@ -28,11 +28,13 @@ IGNORED_DIR = "node_modules"
 GITIGNORE_TEXT = f"{IGNORED_DIR}/\n*.log\n"
 
 _WORDS = (
-    "alpha beta gamma delta core util api model view store cache index tree node leaf "
-    "parse build render client server worker task plan step event queue stream buffer "
-    "config option value key name path file dir scan hash digest blob chunk pack entry "
-    "request response error status token session user admin auth policy rule filter map"
-).split()
+    "alpha", "beta", "gamma", "delta", "core", "util", "api", "model", "view", "store", "cache",
+    "index", "tree", "node", "leaf", "parse", "build", "render", "client", "server", "worker", "task",
+    "plan", "step", "event", "queue", "stream", "buffer", "config", "option", "value", "key", "name",
+    "path", "file", "dir", "scan", "hash", "digest", "blob", "chunk", "pack", "entry", "request",
+    "response", "error", "status", "token", "session", "user", "admin", "auth", "policy", "rule",
+    "filter", "map",
+)
 _TEXT_EXTENSIONS = ("py", "ts", "js", "md", "json", "txt", "go", "rs")
 _BINARY_EXTENSIONS = ("png", "bin", "wasm", "so", "pyc")
 _LINE_TEMPLATES = (

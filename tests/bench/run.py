@@ -1,0 +1,759 @@
+"""checkpointd benchmark (issue 4): checkpointd through gRPC side by side with a shadow-git
+baseline on the same deterministic synthetic workspaces, median of repeated runs.
+
+    .venv/bin/python -m tests.bench --quick
+    .venv/bin/python -m tests.bench --sizes 1000,10000,100000 --repeat 5
+    .venv/bin/python tests/bench/run.py --sizes 200 --repeat 1 --store-checkpoints 20
+
+Prints a table and writes bench-results/bench-<UTC time>.json. Each system works on its own
+copy of the workspace (same seed, same edits). A sample only counts when the result is right:
+rollbacks are checked against a full content digest of the tree, captures against the file
+count and tree identity. Exit status 1 when a checkpointd result was wrong or failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
+
+import grpc  # noqa: E402
+from ulid import ULID  # noqa: E402
+
+from tests.bench.checkpointd_driver import CheckpointdClient, CheckpointdServer  # noqa: E402
+from tests.bench.measure import apparent_size_bytes, median, process_tree_cpu_seconds  # noqa: E402
+from tests.bench.shadow_git import ShadowGit  # noqa: E402
+from tests.bench.workspace_gen import (  # noqa: E402
+    GeneratedWorkspace,
+    WorkspaceEditor,
+    describe_difference,
+    generate_workspace,
+    tree_entries,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHECKPOINTD = "checkpointd"
+GIT = "git"
+SYSTEMS = (CHECKPOINTD, GIT)
+METRICS = ("first", "incremental", "no_change", "rollback", "store", "throughput")
+ROLLBACK_EDIT_KINDS = ("modify", "add", "delete")
+BACKGROUND_STALL_LIMIT_SECONDS = 1.0
+MIB = 1024 * 1024
+
+T = TypeVar("T")
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Series:
+    """One system's samples of one metric. Wrong results are kept apart and never counted."""
+
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+    error: str | None = None
+    skipped: bool = False
+    background: list[dict[str, float]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def value(self) -> float | None:
+        return median(self.samples)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"unit": self.unit, "median": self.value, "samples": [round(s, 4) for s in self.samples],
+                "wrong": self.wrong, "error": self.error, "skipped": self.skipped,
+                "background": self.background, **self.extra}
+
+
+@dataclass
+class MetricResult:
+    name: str
+    label: str
+    size: str
+    unit: str
+    series: dict[str, Series] = field(default_factory=dict)
+
+    def for_system(self, system: str) -> Series:
+        return self.series.setdefault(system, Series(self.unit))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.name, "label": self.label, "size": self.size, "unit": self.unit,
+                "systems": {name: series.to_json() for name, series in self.series.items()}}
+
+
+def attempt(series: Series, action: Callable[[], T]) -> T | None:
+    """Runs one step of one system; a failure marks the series failed and skips the rest of it."""
+    if series.error is not None or series.skipped:
+        return None
+    try:
+        return action()
+    except grpc.RpcError as failure:
+        series.error = f"{failure.code().name}: {failure.details()}"
+    except (RuntimeError, OSError, subprocess.SubprocessError) as failure:
+        series.error = f"{type(failure).__name__}: {failure}"
+    log(f"FAILED: {series.error}")
+    return None
+
+
+@dataclass
+class Options:
+    sizes: list[int]
+    repeat: int
+    first_repeat: int
+    store_files: int
+    store_checkpoints: int
+    throughput_threads: int
+    throughput_requests: int
+    systems: tuple[str, ...]
+    metrics: tuple[str, ...]
+    seed: int
+    root: Path
+    results_dir: Path
+    checkpointd: Path
+    keep: bool
+    settle_seconds: float
+
+
+def parse_options(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="1k+10k files, 3 repeats, 1 first-checkpoint repeat, store at 1k files x 200 "
+                             "checkpoints, 250 throughput calls per thread (explicit flags still win)")
+    parser.add_argument("--sizes", help="comma-separated tracked file counts (default 1000,10000,100000)")
+    parser.add_argument("--repeat", type=int, help="samples per metric and size; the median is reported (default 5)")
+    parser.add_argument("--first-repeat", type=int, help="samples of the first checkpoint (default: --repeat)")
+    parser.add_argument("--store-files", type=int, help="workspace size of the store-size run (default 10000)")
+    parser.add_argument("--store-checkpoints", type=int,
+                        help="one-file-change checkpoints in the store-size run (default 1000)")
+    parser.add_argument("--throughput-threads", type=int, default=4, help="concurrent clients (default 4)")
+    parser.add_argument("--throughput-requests", type=int,
+                        help="state-only CreateCheckpoint calls per client thread and repeat (default 500)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"which systems to run, comma-separated from {','.join(SYSTEMS)}")
+    parser.add_argument("--metrics", default=",".join(METRICS),
+                        help=f"which metrics to run, comma-separated from {','.join(METRICS)}")
+    parser.add_argument("--seed", type=int, default=1, help="workspace and edit seed (default 1)")
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()),
+                        help="directory under which the run's workspaces and stores are made (default: TMPDIR)")
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench-results",
+                        help="where the JSON result goes (default bench-results/)")
+    parser.add_argument("--checkpointd", type=Path, default=REPO_ROOT / ".venv" / "bin" / "checkpointd",
+                        help="the checkpointd executable (default .venv/bin/checkpointd)")
+    parser.add_argument("--keep", action="store_true", help="keep workspaces, stores and server logs")
+    parser.add_argument("--settle-ms", type=float, default=50.0,
+                        help="pause between repeats, outside any timing (default 50)")
+    arguments = parser.parse_args(argv)
+
+    def chosen(value: int | None, quick: int, full: int) -> int:
+        return value if value is not None else (quick if arguments.quick else full)
+
+    def closed_list(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            parser.error(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
+        return names
+
+    sizes_text = arguments.sizes or ("1000,10000" if arguments.quick else "1000,10000,100000")
+    try:
+        sizes = [int(size.replace("_", "")) for size in sizes_text.split(",") if size.strip()]
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated integers, got {sizes_text!r}")
+    repeat = chosen(arguments.repeat, 3, 5)
+    options = Options(
+        sizes=sizes, repeat=repeat, first_repeat=chosen(arguments.first_repeat, 1, repeat),
+        store_files=chosen(arguments.store_files, 1000, 10000),
+        store_checkpoints=chosen(arguments.store_checkpoints, 200, 1000),
+        throughput_threads=arguments.throughput_threads,
+        throughput_requests=chosen(arguments.throughput_requests, 250, 500),
+        systems=closed_list(arguments.systems, SYSTEMS, "system"),
+        metrics=closed_list(arguments.metrics, METRICS, "metric"),
+        seed=arguments.seed, root=arguments.root.resolve(), results_dir=arguments.results_dir.resolve(),
+        checkpointd=arguments.checkpointd, keep=arguments.keep, settle_seconds=arguments.settle_ms / 1000)
+    for name in ("repeat", "first_repeat", "store_files", "store_checkpoints", "throughput_threads",
+                 "throughput_requests"):
+        if getattr(options, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if any(size < 10 for size in options.sizes) or options.store_files < 10:
+        parser.error("workspace sizes must be at least 10 files")
+    if CHECKPOINTD in options.systems and not options.checkpointd.exists():
+        parser.error(f"{options.checkpointd} does not exist (run `make install`, or pass --systems git)")
+    return options
+
+
+class Run:
+    """One benchmark run: its scratch directories, results, and the live checkpointd server."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        options.root.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix="checkpointd-bench-", dir=options.root))
+        self.workspaces = self.scratch / "workspaces"
+        self.stores = self.scratch / "stores"
+        self.workspaces.mkdir()
+        self.stores.mkdir()
+        self.results: list[MetricResult] = []
+        self.workspace_facts: dict[str, Any] = {}
+        self.server: CheckpointdServer | None = None
+        self.client: CheckpointdClient | None = None
+        self._server_count = 0
+
+    def wants(self, system: str) -> bool:
+        return system in self.options.systems
+
+    def new_result(self, name: str, label: str, size: str, unit: str) -> MetricResult:
+        result = MetricResult(name, label, size, unit)
+        for system in SYSTEMS:
+            result.for_system(system).skipped = not self.wants(system)
+        self.results.append(result)
+        return result
+
+    def settle(self) -> None:
+        time.sleep(self.options.settle_seconds)
+
+    def fresh_server(self) -> CheckpointdServer:
+        """Stops the current server (dropping its store) and starts one on an empty data dir."""
+        self.stop_server()
+        self._server_count += 1
+        server = CheckpointdServer(self.options.checkpointd, self.stores / f"checkpointd-{self._server_count}",
+                                   self.workspaces, self.scratch / f"checkpointd-{self._server_count}.log")
+        self.server = server
+        server.start()
+        self.client = CheckpointdClient(server.target)
+        return server
+
+    def stop_server(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.server is not None:
+            self.server.stop()
+            if self.options.keep:
+                log(f"kept checkpointd data dir {self.server.data_dir}")
+            else:
+                shutil.rmtree(self.server.data_dir, ignore_errors=True)
+            self.server = None
+
+    def generate_pair(self, file_count: int, label: str) -> dict[str, GeneratedWorkspace]:
+        started = time.perf_counter()
+        pair = {system: generate_workspace(self.workspaces / f"{label}-{system}", file_count, self.options.seed)
+                for system in self.options.systems}
+        some = next(iter(pair.values()))
+        log(f"generated {len(pair)} workspace(s) of {file_count} tracked + {some.ignored_file_count} ignored "
+            f"files ({some.total_bytes / MIB:.0f} MiB each) in {time.perf_counter() - started:.1f} s")
+        return pair
+
+    def discard(self, *paths: Path) -> None:
+        if not self.options.keep:
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        self.stop_server()
+        if self.options.keep:
+            log(f"kept scratch directory {self.scratch}")
+        else:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def size_label(file_count: int) -> str:
+    return f"{file_count // 1000}k" if file_count % 1000 == 0 and file_count >= 1000 else str(file_count)
+
+
+class SizeBench:
+    """All per-size metrics for one workspace size, both systems interleaved per repeat."""
+
+    def __init__(self, run: Run, file_count: int) -> None:
+        self.run = run
+        self.options = run.options
+        self.file_count = file_count
+        self.label = size_label(file_count)
+        self.workspaces = run.generate_pair(file_count, self.label)
+        self.editors = {system: WorkspaceEditor(workspace, self.options.seed)
+                        for system, workspace in self.workspaces.items()}
+        self.git: ShadowGit | None = None
+        self.plan_id = ""
+        self.last_tree: dict[str, str] = {}
+        run.workspace_facts[self.label] = {
+            "tracked_files": file_count, "ignored_files": next(iter(self.workspaces.values())).ignored_file_count,
+            "bytes": next(iter(self.workspaces.values())).total_bytes}
+
+    def workspace(self, system: str) -> Path:
+        return self.workspaces[system].path
+
+    # ----- first checkpoint -------------------------------------------------------------------------------
+
+    def first_checkpoint(self) -> None:
+        timing = self.run.new_result("first", "first checkpoint", self.label, "ms")
+        stall = self.run.new_result("first_background", "background work after first checkpoint", self.label, "s")
+        for repeat in range(self.options.first_repeat):
+            if self.run.wants(GIT):
+                attempt(timing.for_system(GIT), lambda repeat=repeat: self._first_git(repeat, timing, stall))
+            if self.run.wants(CHECKPOINTD):
+                attempt(timing.for_system(CHECKPOINTD), lambda: self._first_checkpointd(timing, stall))
+            log(f"[{self.label}] first checkpoint #{repeat + 1}: " + self._latest(timing))
+        for system in SYSTEMS:
+            if timing.for_system(system).error:
+                stall.for_system(system).error = "first checkpoint failed"
+
+    def _first_git(self, repeat: int, timing: MetricResult, stall: MetricResult) -> None:
+        if self.git is not None:
+            self.run.discard(self.git.git_dir)
+        self.git = ShadowGit(self.workspace(GIT), self.run.stores / f"git-{self.label}-{repeat}")
+        self.git.init()
+        commit, tree, seconds = self.git.checkpoint("first")
+        background = self.git.wait_for_background()
+        self.last_tree[GIT] = tree
+        captured = self.git.tracked_file_count(commit)
+        series = timing.for_system(GIT)
+        if captured != self.file_count:
+            series.wrong.append(f"captured {captured} files, expected {self.file_count}")
+        else:
+            series.samples.append(seconds * 1000)
+        stall.for_system(GIT).samples.append(background.seconds)
+        stall.for_system(GIT).background.append(background.to_json())
+
+    def _first_checkpointd(self, timing: MetricResult, stall: MetricResult) -> None:
+        server = self.run.fresh_server()
+        self.plan_id = str(ULID())
+        checkpoint, seconds = self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "first")
+        background = server.wait_for_idle()
+        self.last_tree[CHECKPOINTD] = checkpoint.tree_digest
+        series = timing.for_system(CHECKPOINTD)
+        if checkpoint.file_count != self.file_count or not checkpoint.has_files:
+            series.wrong.append(f"captured {checkpoint.file_count} files (has_files={checkpoint.has_files}), "
+                                f"expected {self.file_count}")
+        else:
+            series.samples.append(seconds * 1000)
+        stall.for_system(CHECKPOINTD).samples.append(background.seconds)
+        stall.for_system(CHECKPOINTD).background.append(background.to_json())
+
+    # ----- incremental and no-change checkpoints -----------------------------------------------------------
+
+    def repeated_checkpoints(self, name: str, label: str, edit: bool) -> None:
+        result = self.run.new_result(name, label, self.label, "ms")
+        cpu_before = self._server_cpu()
+        for repeat in range(self.options.repeat):
+            for system in self._ready_systems(result):
+                series = result.for_system(system)
+                attempt(series, lambda system=system, series=series: self._one_checkpoint(system, series, edit))
+            log(f"[{self.label}] {label} #{repeat + 1}: " + self._latest(result))
+            self.run.settle()
+        self._note_server_cpu(result, cpu_before, self.options.repeat)
+
+    def _one_checkpoint(self, system: str, series: Series, edit: bool) -> None:
+        if edit:
+            self.editors[system].modify()
+        if system == GIT:
+            _, tree, seconds = self.git.checkpoint("step")
+            background = self.git.wait_for_background()
+            if background.seconds:
+                series.background.append(background.to_json())
+        else:
+            checkpoint, seconds = self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "step")
+            tree = checkpoint.tree_digest
+        changed = tree != self.last_tree.get(system)
+        self.last_tree[system] = tree
+        if changed != edit:
+            series.wrong.append("tree identity unchanged after an edit" if edit
+                                else "tree identity changed without an edit")
+        else:
+            series.samples.append(seconds * 1000)
+
+    # ----- rollback -----------------------------------------------------------------------------------------
+
+    def rollback(self) -> None:
+        result = self.run.new_result("rollback", "rollback of a 1-file delta", self.label, "ms")
+        targets: dict[str, tuple[str, dict[str, str]]] = {}
+        for system in self._ready_systems(result):
+            series = result.for_system(system)
+            target = attempt(series, lambda system=system: self._rollback_target(system))
+            if target is not None:
+                targets[system] = target
+        if len(targets) == 2 and targets[GIT][1] != targets[CHECKPOINTD][1]:
+            log(f"[{self.label}] note: the two workspaces differ before rollback: "
+                f"{describe_difference(targets[GIT][1], targets[CHECKPOINTD][1])}")
+        cpu_before = self._server_cpu()
+        for repeat in range(self.options.repeat):
+            kind = ROLLBACK_EDIT_KINDS[repeat % len(ROLLBACK_EDIT_KINDS)]
+            for system, (target_id, expected) in targets.items():
+                series = result.for_system(system)
+                attempt(series, lambda system=system, series=series, kind=kind, target_id=target_id,
+                        expected=expected: self._one_rollback(system, series, kind, target_id, expected))
+            log(f"[{self.label}] rollback ({kind}) #{repeat + 1}: " + self._latest(result))
+            self.run.settle()
+        self._note_server_cpu(result, cpu_before, self.options.repeat)
+
+    def _rollback_target(self, system: str) -> tuple[str, dict[str, str]]:
+        if system == GIT:
+            target_id, _, _ = self.git.checkpoint("rollback target")
+            self.git.wait_for_background()
+        else:
+            checkpoint, _ = self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "rollback target")
+            target_id = checkpoint.checkpoint_id
+        return target_id, tree_entries(self.workspace(system))
+
+    def _one_rollback(self, system: str, series: Series, kind: str, target_id: str,
+                      expected: dict[str, str]) -> None:
+        delta = self.editors[system].apply(kind)
+        if system == GIT:
+            self.git.checkpoint("after edit")
+            self.git.wait_for_background()
+            seconds = self.git.restore(target_id)
+        else:
+            self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "after edit")
+            reply, seconds = self.run.client.rollback(self.plan_id, target_id)
+            series.extra.setdefault("reported_changes", []).append(len(reply.changes))
+        self.editors[system].rolled_back(delta)
+        actual = tree_entries(self.workspace(system))
+        if actual == expected:
+            series.samples.append(seconds * 1000)
+            return
+        difference = describe_difference(expected, actual)
+        series.wrong.append(f"{kind} {delta.path}: {difference}")
+        log(f"[{self.label}] WRONG {system} rollback after {kind} of {delta.path}: {difference}")
+        if system != GIT:
+            raise RuntimeError("checkpointd rollback left a wrong tree; its later samples are skipped")
+        self.git.repair(target_id)
+        repaired = tree_entries(self.workspace(GIT))
+        if repaired != expected:
+            raise RuntimeError(f"could not repair the git workspace: {describe_difference(expected, repaired)}")
+
+    # ----- helpers -----------------------------------------------------------------------------------------
+
+    def _ready_systems(self, result: MetricResult) -> list[str]:
+        """Systems whose first checkpoint exists; the others get this metric marked failed."""
+        ready = []
+        for system in self.options.systems:
+            has_base = (self.git is not None) if system == GIT else bool(self.plan_id and self.run.client)
+            if has_base:
+                ready.append(system)
+            else:
+                result.for_system(system).error = "no first checkpoint to build on"
+        return ready
+
+    def _server_cpu(self) -> float | None:
+        return process_tree_cpu_seconds(self.run.server.pid) if self.run.server else None
+
+    def _note_server_cpu(self, result: MetricResult, before: float | None, operations: int) -> None:
+        if before is None or self.run.server is None:
+            return
+        idle = self.run.server.wait_for_idle()
+        spent = process_tree_cpu_seconds(self.run.server.pid) - before
+        result.for_system(CHECKPOINTD).extra["server_cpu_ms_per_operation"] = round(spent * 1000 / operations, 2)
+        result.for_system(CHECKPOINTD).extra["busy_after_last_call"] = idle.to_json()
+
+    @staticmethod
+    def _latest(result: MetricResult) -> str:
+        parts = []
+        for system, series in result.series.items():
+            if series.skipped:
+                continue
+            if series.error:
+                parts.append(f"{system} ERROR")
+            elif series.samples:
+                parts.append(f"{system} {series.samples[-1]:.1f} {result.unit}")
+            if series.wrong:
+                parts.append(f"{system} wrong x{len(series.wrong)}")
+        return ", ".join(parts)
+
+    def close(self) -> None:
+        self.run.stop_server()
+        self.run.discard(*(workspace.path for workspace in self.workspaces.values()))
+        if self.git is not None:
+            self.run.discard(self.git.git_dir)
+
+    def run_all(self) -> None:
+        metrics = self.options.metrics
+        try:
+            self.first_checkpoint()
+            if "incremental" in metrics:
+                self.repeated_checkpoints("incremental", "incremental checkpoint, 1 file changed", edit=True)
+            if "no_change" in metrics:
+                self.repeated_checkpoints("no_change", "no-change checkpoint", edit=False)
+            if "rollback" in metrics:
+                self.rollback()
+        finally:
+            self.close()
+
+
+def bench_store(run: Run) -> None:
+    """Store size after N one-file-change checkpoints: checkpointd's data dir as it stands vs the
+    shadow .git after a plain ``git gc``."""
+    options = run.options
+    count = options.store_checkpoints
+    label = size_label(options.store_files)
+    result = run.new_result("store", f"store size after {count} one-file-change checkpoints", label, "MiB")
+    workspaces = run.generate_pair(options.store_files, f"store-{label}")
+    editors = {system: WorkspaceEditor(workspace, options.seed + 1) for system, workspace in workspaces.items()}
+
+    def git_side() -> None:
+        git = ShadowGit(workspaces[GIT].path, run.stores / f"git-store-{label}")
+        git.init()
+        git.checkpoint("first")
+        background_seconds = git.wait_for_background().seconds
+        timings = []
+        for index in range(count):
+            editors[GIT].modify()
+            timings.append(git.checkpoint(f"step {index}")[2] * 1000)
+            background_seconds += git.wait_for_background().seconds
+        before_gc = git.size_bytes()
+        git.gc()
+        series = result.for_system(GIT)
+        series.samples.append(git.size_bytes() / MIB)
+        series.extra.update({"bytes_after_gc": git.size_bytes(), "bytes_before_gc": before_gc,
+                             "median_checkpoint_ms": median(timings), "background_seconds": background_seconds})
+        run.discard(git.git_dir)
+
+    def checkpointd_side() -> None:
+        server = run.fresh_server()
+        plan_id = str(ULID())
+        run.client.checkpoint(plan_id, workspaces[CHECKPOINTD].path, "first")
+        timings = []
+        for index in range(count):
+            editors[CHECKPOINTD].modify()
+            timings.append(run.client.checkpoint(plan_id, workspaces[CHECKPOINTD].path, f"step {index}")[1] * 1000)
+        idle = server.wait_for_idle()
+        live = server.store_size_bytes()
+        series = result.for_system(CHECKPOINTD)
+        series.samples.append(live / MIB)
+        series.extra.update({"bytes_live_idle": live, "apparent_bytes": apparent_size_bytes(server.data_dir),
+                             "median_checkpoint_ms": median(timings), "busy_after_last_call": idle.to_json()})
+        server.stop()
+        series.extra["bytes_after_clean_stop"] = server.store_size_bytes()
+
+    log(f"[store] {count} one-file-change checkpoints on {label} files per system")
+    if run.wants(GIT):
+        attempt(result.for_system(GIT), git_side)
+    if run.wants(CHECKPOINTD):
+        attempt(result.for_system(CHECKPOINTD), checkpointd_side)
+    run.stop_server()
+    run.discard(*(workspace.path for workspace in workspaces.values()))
+    log(f"[store] {SizeBench._latest(result)}")
+
+
+def bench_throughput(run: Run) -> None:
+    """State-only CreateCheckpoint calls per second from a few concurrent clients, each on its own
+    channel and plan (no workspace_root)."""
+    options = run.options
+    result = run.new_result("throughput", f"state-only CreateCheckpoint, {options.throughput_threads} clients",
+                            "-", "per s")
+    result.for_system(GIT).skipped = True
+    series = result.for_system(CHECKPOINTD)
+    if not run.wants(CHECKPOINTD):
+        return
+    state = bytes(range(256)) * 4
+
+    def one_round() -> None:
+        server = run.server
+        clients = [CheckpointdClient(server.target) for _ in range(options.throughput_threads)]
+        plans = [str(ULID()) for _ in clients]
+        for client, plan in zip(clients, plans, strict=True):
+            for _ in range(10):
+                client.checkpoint(plan, None, "warm-up", state)
+        start_line = threading.Barrier(len(clients) + 1)
+        failures: list[str] = []
+
+        def work(client: CheckpointdClient, plan: str) -> None:
+            start_line.wait()
+            try:
+                for _ in range(options.throughput_requests):
+                    client.checkpoint(plan, None, "throughput", state)
+            except grpc.RpcError as failure:
+                failures.append(f"{failure.code().name}: {failure.details()}")
+
+        threads = [threading.Thread(target=work, args=pair) for pair in zip(clients, plans, strict=True)]
+        for thread in threads:
+            thread.start()
+        client_cpu_before = time.process_time()
+        server_cpu_before = process_tree_cpu_seconds(server.pid)
+        start_line.wait()
+        started = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - started
+        series.extra.setdefault("client_cpu_cores", []).append(
+            round((time.process_time() - client_cpu_before) / elapsed, 2))
+        series.extra.setdefault("server_cpu_cores", []).append(
+            round((process_tree_cpu_seconds(server.pid) - server_cpu_before) / elapsed, 2))
+        for client in clients:
+            client.close()
+        if failures:
+            raise RuntimeError(f"{len(failures)} client(s) failed, first: {failures[0]}")
+        series.samples.append(options.throughput_threads * options.throughput_requests / elapsed)
+
+    attempt(series, run.fresh_server)
+    for repeat in range(options.repeat):
+        attempt(series, one_round)
+        log(f"[throughput] #{repeat + 1}: {SizeBench._latest(result)}")
+    run.stop_server()
+
+
+# ----- report ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    met: Callable[[float, float | None], bool]
+
+
+_GOALS: dict[str, dict[str | None, Goal]] = {
+    "first": {"100k": Goal("≤ 8 s", lambda value, _git: value <= 8000)},
+    "first_background": {"100k": Goal(f"no stall (≤ {BACKGROUND_STALL_LIMIT_SECONDS:g} s busy)",
+                                      lambda value, _git: value <= BACKGROUND_STALL_LIMIT_SECONDS)},
+    "incremental": {"10k": Goal("≤ 5 ms", lambda value, _git: value <= 5),
+                    "100k": Goal("≤ 5 ms", lambda value, _git: value <= 5)},
+    "no_change": {"100k": Goal("≤ 3 ms", lambda value, _git: value <= 3)},
+    "rollback": {"100k": Goal("≤ 10 ms", lambda value, _git: value <= 10)},
+    "store": {None: Goal("≤ 1.5× git", lambda value, git: git is not None and value <= 1.5 * git)},
+    "throughput": {None: Goal("≥ 2,000/s", lambda value, _git: value >= 2000)},
+}
+
+
+def _goal_for(result: MetricResult) -> Goal | None:
+    goals = _GOALS.get(result.name, {})
+    return goals.get(result.size, goals.get(None))
+
+
+def _cell(series: Series, unit: str) -> str:
+    if series.skipped:
+        return "—" if unit == "per s" and not series.samples and series.error is None else "skipped"
+    if series.error:
+        return "ERROR"
+    value = series.value
+    if value is None:
+        return "WRONG" if series.wrong else "n/a"
+    if unit == "s":
+        text = f"{value:.2f} s"
+    elif unit == "MiB":
+        text = f"{value:.1f} MiB"
+    elif unit == "per s":
+        text = f"{value:,.0f}/s"
+    else:
+        text = f"{value:.1f} ms" if value < 100 else f"{value:,.0f} ms"
+    return text
+
+
+def _notes(result: MetricResult) -> str:
+    notes = []
+    for system, series in result.series.items():
+        if series.wrong:
+            total = len(series.wrong) + len(series.samples)
+            notes.append(f"{system} wrong {len(series.wrong)}/{total} (not counted)")
+        if series.error:
+            notes.append(f"{system} error: {series.error[:80]}")
+    cores = result.series.get(CHECKPOINTD, Series("")).extra.get("client_cpu_cores")
+    if cores:
+        notes.append(f"client used {median(cores):.2f} cores")
+    return "; ".join(notes)
+
+
+def table_rows(results: list[MetricResult]) -> list[dict[str, str]]:
+    rows = []
+    for result in results:
+        ours, theirs = result.series[CHECKPOINTD], result.series[GIT]
+        ratio = "—"
+        if ours.value and theirs.value is not None and not (theirs.skipped or ours.error or theirs.error):
+            ratio = f"{theirs.value / ours.value:.1f}×"
+        goal = _goal_for(result)
+        met = "—"
+        if goal is not None and not ours.skipped:
+            met = "yes" if (ours.value is not None and not ours.error and not ours.wrong
+                            and goal.met(ours.value, theirs.value)) else "NO"
+        rows.append({"size": result.size, "metric": result.label, "checkpointd": _cell(ours, result.unit),
+                     "shadow git": _cell(theirs, result.unit), "git/checkpointd": ratio,
+                     "goal": goal.text if goal else "—", "met": met, "notes": _notes(result)})
+    return rows
+
+
+def render_table(rows: list[dict[str, str]]) -> str:
+    columns = ["size", "metric", "checkpointd", "shadow git", "git/checkpointd", "goal", "met", "notes"]
+    widths = {column: max(len(column), *(len(row[column]) for row in rows)) for column in columns}
+    lines = [" | ".join(column.ljust(widths[column]) for column in columns).rstrip(),
+             "-+-".join("-" * widths[column] for column in columns)]
+    lines += [" | ".join(row[column].ljust(widths[column]) for column in columns).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _command_output(*command: str) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO_ROOT).stdout.strip()
+    except OSError:
+        return ""
+
+
+def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv: list[str]) -> Path:
+    options = run.options
+    run.options.results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    path = options.results_dir / f"bench-{stamp}.json"
+    document = {
+        "started": started.isoformat(), "finished": datetime.now(UTC).isoformat(),
+        "command": [sys.executable, "-m", "tests.bench", *argv],
+        "options": {key: str(value) if isinstance(value, Path) else value
+                    for key, value in options.__dict__.items()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "git": _command_output("git", "--version")},
+        "repo_commit": _command_output("git", "rev-parse", "HEAD"),
+        "repo_dirty": bool(_command_output("git", "status", "--porcelain", "--untracked-files=no")),
+        "workspaces": run.workspace_facts,
+        "results": [result.to_json() for result in run.results],
+        "table": rows,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    (options.results_dir / f"bench-{stamp}.txt").write_text(render_table(rows) + "\n")
+    return path
+
+
+def checkpointd_failed(results: list[MetricResult]) -> bool:
+    return any(result.series[CHECKPOINTD].error or result.series[CHECKPOINTD].wrong for result in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = parse_options(argv)
+    started = datetime.now(UTC)
+    run = Run(options)
+    log(f"scratch {run.scratch}; systems {','.join(options.systems)}; sizes {options.sizes}; "
+        f"repeat {options.repeat}")
+    try:
+        if {"first", "incremental", "no_change", "rollback"} & set(options.metrics):
+            for file_count in options.sizes:
+                SizeBench(run, file_count).run_all()
+        if "store" in options.metrics:
+            bench_store(run)
+        if "throughput" in options.metrics:
+            bench_throughput(run)
+    finally:
+        run.close()
+    rows = table_rows(run.results)
+    print(render_table(rows))
+    path = write_results(run, rows, started, argv)
+    print(f"\nresults: {path}")
+    print("Medians of repeated runs, measured at the client (checkpointd: one gRPC call; git: add+commit, "
+          "restore+clean). Wrong results are excluded and noted.")
+    return 1 if checkpointd_failed(run.results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
