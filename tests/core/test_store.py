@@ -1,0 +1,61 @@
+"""Content store: dedup, integrity, durability order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from checkpointd.core.errors import DataLoss
+from checkpointd.core.store import ContentStore
+
+
+def test_identical_content_is_stored_once(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        first = batch.put_bytes(b"same")
+        second = batch.put_bytes(b"same")
+    assert first == second
+    assert list(store.iter_digests()) == [first]
+
+
+def test_nothing_is_visible_under_its_final_name_before_commit_and_abort_leaves_nothing(tmp_path):
+    store = ContentStore(tmp_path)
+    batch = store.batch()
+    digest = batch.put_bytes(b"pending")
+    assert not store.has(digest)
+    assert store.read_bytes(digest) == b"pending"
+    batch.abort()
+    assert not store.has(digest) and list(store.staging.iterdir()) == []
+
+
+def test_large_objects_stream_and_round_trip(tmp_path):
+    store = ContentStore(tmp_path)
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(range(256)) * 20000)
+    fd = os.open(big, os.O_RDONLY)
+    with store.batch() as batch:
+        digest, size = batch.put_fd(fd, big.stat().st_size)
+    os.close(fd)
+    assert size == big.stat().st_size
+    assert store.read_bytes(digest) == big.read_bytes()
+
+
+def test_corruption_is_detected_on_read(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        digest = batch.put_bytes(b"precious bytes" * 10)
+    path = store.path_of(digest)
+    path.write_bytes(b"R" + b"tampered")
+    with pytest.raises(DataLoss):
+        store.read_bytes(digest)
+    path.unlink()
+    with pytest.raises(DataLoss):
+        store.read_bytes(digest)
+
+
+def test_leftovers_of_an_interrupted_batch_are_cleared_on_open(tmp_path):
+    store = ContentStore(tmp_path)
+    (store.staging / "half-written").write_bytes(b"x")
+    ContentStore(tmp_path)
+    assert list(store.staging.iterdir()) == []
