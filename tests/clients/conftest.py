@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import queue
+import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from ulid import ULID
 
-from checkpointd_client import Checkpoint, CheckpointClient, Checkpointd, CheckpointdRpcError
+from checkpoint.v1 import config_service_pb2, config_service_pb2_grpc
+from checkpointd_client import AutoTrigger, Checkpoint, CheckpointClient, Checkpointd, CheckpointdRpcError, ConfigKey
+from checkpointd_client.client import JsonValue, to_value
 
 ListPlan = Callable[..., list[Checkpoint]]
 
@@ -41,15 +48,159 @@ def fresh_workspace(fresh_server) -> Path:
     return Path(tempfile.mkdtemp(prefix="ws-", dir=fresh_server.allowed_root))
 
 
-def new_plan_id() -> str:
-    return str(ULID())
-
-
-def list_plan(client: CheckpointClient, plan_id: str, filter_expr: str = "") -> list[Checkpoint]:
-    """A plan's checkpoints; a plan the server has never seen has none (PLAN_NOT_FOUND)."""
+def _list_plan(client: CheckpointClient, plan_id: str, filter_expr: str = "") -> list[Checkpoint]:
     try:
         return client.list_checkpoints(plan_id, filter_expr=filter_expr)
     except CheckpointdRpcError as error:
         if error.code == grpc.StatusCode.NOT_FOUND and error.reason == "PLAN_NOT_FOUND":
             return []
         raise
+
+
+@pytest.fixture
+def list_plan() -> ListPlan:
+    """list_plan(client, plan_id, filter_expr=""): a plan's checkpoints, [] for a plan never seen."""
+    return _list_plan
+
+
+@pytest.fixture
+def new_plan_id() -> Callable[[], str]:
+    return lambda: str(ULID())
+
+
+# ---------------------------------------------------------------------------------------------
+# Fault injection: the only fakes in these tests. Everything else is the real server.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForwardedCall:
+    method: str
+    request: bytes
+    metadata: dict[str, str]
+
+
+class FaultProxy:
+    """A pass-through gRPC server in front of the real one that can lose responses on the way back.
+
+    A lost response is the case retries exist for: the server did the work, the client saw
+    UNAVAILABLE and sends the same request again.
+    """
+
+    def __init__(self, upstream_target: str) -> None:
+        self._upstream = grpc.insecure_channel(upstream_target)
+        self._lock = threading.Lock()
+        self._responses_to_drop: dict[str, int] = {}
+        self.calls: list[ForwardedCall] = []
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self._server.add_generic_rpc_handlers([_ForwardingHandler(self)])
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.target = f"127.0.0.1:{port}"
+
+    def drop_responses(self, method_name: str, count: int) -> None:
+        """Forward the next `count` calls of `method_name`, then answer UNAVAILABLE instead."""
+        with self._lock:
+            self._responses_to_drop[method_name] = count
+
+    def calls_to(self, method_name: str) -> list[ForwardedCall]:
+        with self._lock:
+            return [call for call in self.calls if call.method.endswith("/" + method_name)]
+
+    def forward(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        method_name = method.rsplit("/", 1)[-1]
+        with self._lock:
+            self.calls.append(ForwardedCall(method, request, dict(context.invocation_metadata())))
+        try:
+            response = self._upstream.unary_unary(method)(request, timeout=context.time_remaining())
+        except grpc.RpcError as error:
+            context.set_trailing_metadata(error.trailing_metadata())
+            context.abort(error.code(), error.details())
+        with self._lock:
+            drop = self._responses_to_drop.get(method_name, 0) > 0
+            if drop:
+                self._responses_to_drop[method_name] -= 1
+        if drop:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "fault injected: the response was lost")
+        return response
+
+    def close(self) -> None:
+        self._server.stop(grace=None)
+        self._upstream.close()
+
+
+class _ForwardingHandler(grpc.GenericRpcHandler):
+    def __init__(self, proxy: FaultProxy) -> None:
+        self._proxy = proxy
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: self._proxy.forward(method, request, context)
+        )
+
+
+@pytest.fixture
+def fault_proxy(checkpointd_server) -> Iterator[FaultProxy]:
+    """A FaultProxy in front of the session server (TCP)."""
+    proxy = FaultProxy(checkpointd_server.tcp_target)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def hung_server_target() -> Iterator[str]:
+    """A TCP address that accepts connections and never answers, like a hung checkpointd."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+class ScriptedConfigService(config_service_pb2_grpc.ConfigServiceServicer):
+    """A ConfigService that serves whatever values the test pushes, including ones no real server would."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, JsonValue] = {
+            ConfigKey.AUTO_CREATE_ON.value: [t.value for t in AutoTrigger],
+            ConfigKey.ON_UNAVAILABLE.value: "proceed",
+            ConfigKey.CLIENT_DEADLINE_MS.value: 5000,
+        }
+        self._pushed: queue.Queue[str] = queue.Queue()
+
+    def push(self, key: str, value: JsonValue) -> None:
+        self.values[key] = value
+        self._pushed.put(key)
+
+    def _entry(self, key: str) -> config_service_pb2.ConfigEntry:
+        return config_service_pb2.ConfigEntry(
+            key=key, value=to_value(self.values[key]), source=config_service_pb2.CONFIG_SOURCE_GLOBAL
+        )
+
+    def GetConfig(self, request, context):  # noqa: N802 - gRPC method name
+        return config_service_pb2.GetConfigResponse(entry=self._entry(request.key))
+
+    def WatchConfig(self, request, context):  # noqa: N802 - gRPC method name
+        for key in request.keys:
+            yield config_service_pb2.WatchConfigResponse(entry=self._entry(key))
+        while context.is_active():
+            try:
+                key = self._pushed.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            yield config_service_pb2.WatchConfigResponse(entry=self._entry(key))
+
+
+@dataclass
+class ScriptedConfigServer:
+    service: ScriptedConfigService
+    target: str
+
+
+@pytest.fixture
+def scripted_config_server() -> Iterator[ScriptedConfigServer]:
+    service = ScriptedConfigService()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    config_service_pb2_grpc.add_ConfigServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield ScriptedConfigServer(service, f"127.0.0.1:{port}")
+    server.stop(grace=None)
