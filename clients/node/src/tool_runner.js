@@ -24,6 +24,8 @@ const ON_UNAVAILABLE_KEY = 'core.checkpoints.on_unavailable';
 const ON_UNAVAILABLE_MODES = Object.freeze(['proceed', 'refuse']);
 /** The automatic triggers that belong to a tool call, in the order they fire. */
 const TOOL_TRIGGERS = Object.freeze(['before_tool_execute', 'after_tool_execute']);
+/** How many plans' last-known policies are kept for when checkpointd cannot be reached. */
+const REMEMBERED_PLANS = 1024;
 /** The registry defaults, used until the server has been reached once. */
 const DEFAULT_POLICY = Object.freeze({
   enabled: Object.freeze([...AUTO_TRIGGERS]),
@@ -63,12 +65,19 @@ class TriggerPolicy {
     try {
       const entries = await this.client.listConfig({ planId });
       policy = this.fromEntries(entries);
-      this.lastKnown.set(planId, policy);
+      this.remember(planId, policy);
     } catch (error) {
       if (!(error instanceof CheckpointdError) || !error.unreachable) throw error;
       policy = { ...(this.lastKnown.get(planId) ?? DEFAULT_POLICY), unreachable: error };
     }
     return { ...policy, enabled: new Set(policy.enabled.filter((t) => !this.disabled.has(t))) };
+  }
+
+  /** Keeps the newest answers only, so a long-lived runtime does not grow with every plan it saw. */
+  remember(planId, policy) {
+    this.lastKnown.delete(planId);
+    this.lastKnown.set(planId, policy);
+    if (this.lastKnown.size > REMEMBERED_PLANS) this.lastKnown.delete(this.lastKnown.keys().next().value);
   }
 
   fromEntries(entries) {

@@ -188,6 +188,21 @@ describe('tool runner when checkpointd is down', () => {
     assert.deepEqual(await phases(client, refusePlan), ['before_tool_execute', 'after_tool_execute']);
   });
 
+  test('checkpointd going down while the tool runs: the result stands, the missing after-checkpoint is a warning', async () => {
+    const planId = newUlid();
+    await client.setConfig('core.checkpoints.on_unavailable', 'refuse', { planId });
+    const logger = recordingLogger();
+    const tools = new ToolRunner({ client, logger }).register('custom/outage', { run: async () => { await server.stop(); return 'written'; } });
+    try {
+      assert.equal(await tools.execute('custom/outage', {}, { planId }), 'written');
+      assert.equal(logger.warnings.length, 1);
+      assert.match(logger.warnings[0], /custom\/outage ran without an after_tool_execute checkpoint/);
+    } finally {
+      await server.start();
+    }
+    assert.deepEqual(await phases(client, planId), ['before_tool_execute']);
+  });
+
   test('a runner that never reached the server proceeds by default', async () => {
     await server.stop();
     const logger = recordingLogger();
