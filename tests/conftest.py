@@ -1,8 +1,18 @@
-"""Shared fixtures: real `checkpointd serve` processes over TCP and a unix socket."""
+"""Shared fixtures: real `checkpointd serve` processes over TCP and a unix socket.
+
+The same suite runs on SQLite (the default) or PostgreSQL, and with extra serve arguments:
+  CHECKPOINTD_TEST_DB_URL      a PostgreSQL server URL (postgresql+psycopg://postgres@127.0.0.1:5432/postgres):
+                               every server then gets a fresh database checkpointd_test_<random>, dropped
+                               when its fixture ends.
+  CHECKPOINTD_TEST_SERVER_ARGS extra `checkpointd serve` arguments, shell-split (e.g. "--store db").
+Tests that need PostgreSQL whatever the variant (tests/postgres) use the `postgres` fixture: it skips
+with the reason when no PostgreSQL answers, except under CI=true, where that is a failure.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -17,11 +27,19 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2_grpc, config_service_pb2_grpc
 
 CHECKPOINTD = str(Path(sys.executable).with_name("checkpointd"))
+#: PostgreSQL server the whole suite runs on when set; SQLite files in each data dir otherwise.
+TEST_DB_URL = os.environ.get("CHECKPOINTD_TEST_DB_URL", "")
+#: Extra `serve` arguments for every server the fixtures start.
+SERVER_ARGS = tuple(shlex.split(os.environ.get("CHECKPOINTD_TEST_SERVER_ARGS", "")))
+#: Where the PostgreSQL-only tests look when CHECKPOINTD_TEST_DB_URL is not set.
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
 def free_port() -> int:
@@ -33,7 +51,7 @@ def free_port() -> int:
 class RunningServer:
     """A `checkpointd serve` subprocess; restartable on the same port, socket and data."""
 
-    def __init__(self, base: Path, db_url: str = "", extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, base: Path, db_url: str = "", extra_args: tuple[str, ...] = SERVER_ARGS) -> None:
         self.base = base
         self.data_dir = base / "data"
         self.allowed_root = base / "workspaces"
@@ -100,6 +118,96 @@ class RunningServer:
         path.mkdir()
         return path
 
+    @property
+    def store_kind(self) -> str:
+        """The content store this server runs with: "disk" or "db" (the last --store wins, as in argparse)."""
+        args = self.command()
+        kinds = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--store"]
+        kinds += [arg.split("=", 1)[1] for arg in args if arg.startswith("--store=")]
+        return kinds[-1] if kinds else os.environ.get("CHECKPOINTD_STORE", "disk")
+
+    def object_count(self) -> int:
+        """Objects in this server's content store, whichever store it runs with."""
+        if self.store_kind == "disk":
+            objects = self.data_dir / "store" / "objects"
+            return sum(1 for path in objects.rglob("*") if path.is_file())
+        engine = create_engine(self.db_url or f"sqlite:///{self.data_dir / 'checkpointd.db'}")
+        try:
+            with engine.connect() as connection:
+                return connection.execute(text("SELECT count(*) FROM objects")).scalar_one()
+        finally:
+            engine.dispose()
+
+
+class PostgresDatabases:
+    """Creates throwaway databases on one PostgreSQL server and drops them (and their sessions)."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = make_url(server_url).set(drivername="postgresql+psycopg")
+        self._admin = create_engine(self.server_url, isolation_level="AUTOCOMMIT", pool_size=1)
+        self.created: list[str] = []
+
+    def reachable(self) -> str:
+        """Empty when the server answers; otherwise why not."""
+        try:
+            with self._admin.connect() as connection:
+                connection.execute(text("SELECT 1"))
+        except Exception as exc:  # any failure to connect is the reason to report
+            return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return ""
+
+    def create(self) -> str:
+        name = f"checkpointd_test_{uuid.uuid4().hex[:16]}"
+        with self._admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        self.created.append(name)
+        return self.server_url.set(database=name).render_as_string(hide_password=False)
+
+    def drop(self, url: str) -> None:
+        name = make_url(url).database
+        with self._admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if name in self.created:
+            self.created.remove(name)
+
+    def close(self) -> None:
+        for name in list(self.created):
+            self.drop(self.server_url.set(database=name).render_as_string(hide_password=False))
+        self._admin.dispose()
+
+
+def _postgres_or_skip(server_url: str) -> PostgresDatabases:
+    databases = PostgresDatabases(server_url)
+    problem = databases.reachable()
+    if problem:
+        databases.close()
+        message = f"PostgreSQL is not reachable at {databases.server_url.render_as_string()}: {problem}"
+        if os.environ.get("CI") == "true" or TEST_DB_URL:
+            pytest.fail(message + " (CI=true or CHECKPOINTD_TEST_DB_URL set: PostgreSQL tests must run)",
+                        pytrace=False)
+        pytest.skip(message)
+    return databases
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresDatabases]:
+    """The PostgreSQL server (CHECKPOINTD_TEST_DB_URL, else 127.0.0.1:5432 as postgres); skips when
+    unreachable, except under CI=true."""
+    databases = _postgres_or_skip(TEST_DB_URL or DEFAULT_POSTGRES_URL)
+    yield databases
+    databases.close()
+
+
+@pytest.fixture(scope="session")
+def suite_databases() -> Iterator[PostgresDatabases | None]:
+    """Where the fixtures' servers keep their metadata: None for SQLite in their data dirs."""
+    if not TEST_DB_URL:
+        yield None
+        return
+    databases = _postgres_or_skip(TEST_DB_URL)
+    yield databases
+    databases.close()
+
 
 @pytest.fixture(scope="session")
 def short_tmp() -> Iterator[Path]:
@@ -109,23 +217,26 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _server(base: Path, **kwargs) -> Iterator[RunningServer]:
-    server = RunningServer(base, **kwargs)
-    server.start()
+def _server(base: Path, databases: PostgresDatabases | None, **kwargs) -> Iterator[RunningServer]:
+    db_url = databases.create() if databases is not None else ""
+    server = RunningServer(base, db_url=db_url, **kwargs)
     try:
+        server.start()
         yield server
     finally:
         server.stop()
+        if databases is not None:
+            databases.drop(db_url)
 
 
 @pytest.fixture(scope="session")
-def checkpointd_server(short_tmp: Path) -> Iterator[RunningServer]:
-    yield from _server(short_tmp / "session")
+def checkpointd_server(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
+    yield from _server(short_tmp / "session", suite_databases)
 
 
 @pytest.fixture
-def fresh_server(short_tmp: Path) -> Iterator[RunningServer]:
-    yield from _server(Path(tempfile.mkdtemp(prefix="f-", dir=short_tmp)))
+def fresh_server(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
+    yield from _server(Path(tempfile.mkdtemp(prefix="f-", dir=short_tmp)), suite_databases)
 
 
 @pytest.fixture
@@ -154,5 +265,7 @@ def config_stub(channel: grpc.Channel) -> config_service_pb2_grpc.ConfigServiceS
     return config_service_pb2_grpc.ConfigServiceStub(channel)
 
 
-def pytest_report_header(config) -> str:
-    return f"checkpointd binary: {CHECKPOINTD} (exists: {os.path.exists(CHECKPOINTD)})"
+def pytest_report_header(config) -> list[str]:
+    database = make_url(TEST_DB_URL).render_as_string() if TEST_DB_URL else "SQLite in each server's data dir"
+    return [f"checkpointd binary: {CHECKPOINTD} (exists: {os.path.exists(CHECKPOINTD)})",
+            f"checkpointd metadata database: {database}; extra serve args: {shlex.join(SERVER_ARGS) or '(none)'}"]

@@ -24,6 +24,8 @@ def _env_list(name: str, separator: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from checkpointd.core.db_store import StoreKind
+
     parser = argparse.ArgumentParser(
         prog="checkpointd",
         description="Checkpoint service for AI-agent runtimes: records a plan's workspace files and state, "
@@ -56,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory under which plan workspaces may live; repeatable. Anything else is PERMISSION_DENIED. "
              f"Env CHECKPOINTD_WORKSPACE_ROOT ('{os.pathsep}'-separated). Default: the current directory",
     )
+    serve.add_argument(
+        "--store", choices=[kind.value for kind in StoreKind], default=os.environ.get("CHECKPOINTD_STORE", "disk"),
+        help="where checkpoint content lives: 'disk' (DATA_DIR/store) or 'db' (in the database, so replicas "
+             "sharing one PostgreSQL need no shared file system). Env CHECKPOINTD_STORE",
+    )
     serve.add_argument("--grace-seconds", type=float, default=float(os.environ.get("CHECKPOINTD_GRACE_SECONDS", 30)),
                        help="how long a shutdown waits for in-flight calls. Env CHECKPOINTD_GRACE_SECONDS")
     serve.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
@@ -75,6 +82,7 @@ def serve(args: argparse.Namespace) -> int:
         data_dir=data_dir,
         workspace_roots=tuple(os.path.abspath(r) for r in roots),
         db_url=args.db_url,
+        store=args.store,
         grace_seconds=args.grace_seconds,
     )
     server = CheckpointdServer(settings)

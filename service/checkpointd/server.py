@@ -27,7 +27,7 @@ from checkpointd.api.interceptors import ErrorInterceptor
 from checkpointd.core.checkpoints import Checkpoints, EngineSettings
 from checkpointd.core.config import ConfigStore
 from checkpointd.core.db import Database
-from checkpointd.core.store import ContentStore
+from checkpointd.core.db_store import StoreKind, open_store
 
 log = logging.getLogger("checkpointd")
 
@@ -46,6 +46,8 @@ class ServerSettings:
     data_dir: Path
     workspace_roots: tuple[str, ...]
     db_url: str = ""
+    #: Where content lives: "disk" (under data_dir) or "db" (in the database, for replicas without shared disk).
+    store: str = StoreKind.DISK.value
     max_workers: int = 32
     grace_seconds: float = 30.0
     extra_interceptors: tuple[grpc.ServerInterceptor, ...] = field(default=())
@@ -76,8 +78,8 @@ class CheckpointdServer:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.db = Database(settings.database_url)
-        self.db.create_schema()
-        self.store = ContentStore(settings.data_dir / "store")
+        self.db.migrate()
+        self.store = open_store(settings.store, self.db, settings.data_dir)
         self.config = ConfigStore(self.db)
         self.checkpoints = Checkpoints(self.db, self.store, self.config,
                                        EngineSettings(settings.data_dir, settings.workspace_roots))

@@ -1,7 +1,8 @@
 """The checkpoint application service: create, read, list, diff, delete and roll back.
 
-Operations on one plan are serialized (an in-process lock plus, on databases that have
-them, a row lock on the plan); different plans run in parallel. Blobs are made durable
+Operations on one plan are serialized, capture to commit (an in-process lock plus, on
+PostgreSQL, an advisory lock that every replica on the database takes); different plans
+run in parallel. Blobs are made durable
 before the metadata row that references them is committed.
 """
 
@@ -120,9 +121,11 @@ class Checkpoints:
 
     @contextmanager
     def _plan_lock(self, plan_id: str) -> Iterator[None]:
+        """Serializes one plan's operations, capture to commit: this process's threads queue on an
+        in-process lock (holding no database connection), then replicas on a database advisory lock."""
         with self._locks_guard:
             lock = self._locks.setdefault(plan_id, threading.Lock())
-        with lock:
+        with lock, self.db.advisory_lock(f"plan:{plan_id}"):
             yield
 
     def _resolve_root(self, raw: str) -> str:
@@ -169,8 +172,30 @@ class Checkpoints:
                            checkpoint_id=checkpoint_id)
         return row
 
+    def _record_operation(self, session: Session, request_id: str, method: str, fingerprint: str,
+                          result: dict[str, object]) -> OperationRow | None:
+        """Adds the request_id's record to the transaction; None when it is ours.
+
+        If a concurrent request (another replica's) recorded the same request_id first, this
+        transaction is rolled back and the winner's record returned, to be replayed; a winner
+        that was a different request is REQUEST_ID_REUSED.
+        """
+        if not request_id:
+            return None
+        session.add(OperationRow(request_id=request_id, method=method, fingerprint=fingerprint, result=result))
+        try:
+            session.flush()
+        except IntegrityError:
+            session.rollback()
+            winner = self._replayed(session, request_id, method, fingerprint)
+            if winner is None:
+                raise
+            return winner
+        return None
+
     def _insert(self, session: Session, plan: PlanRow, row: CheckpointRow) -> CheckpointRow:
-        locked = session.exec(select(PlanRow).where(PlanRow.plan_id == plan.plan_id).with_for_update()).one()
+        locked = session.exec(select(PlanRow).where(PlanRow.plan_id == plan.plan_id).with_for_update()
+                              .execution_options(populate_existing=True)).one()
         locked.last_sequence += 1
         row.sequence = locked.last_sequence
         session.add(locked)
@@ -255,9 +280,10 @@ class Checkpoints:
                                 phase=phase.value, trigger=trigger.value, source_tool=req.source_tool,
                                 description=req.description, labels=labels)
             self._insert(session, plan, row)
-            if request_id:
-                session.add(OperationRow(request_id=request_id, method="CreateCheckpoint", fingerprint=fingerprint,
-                                         result={"checkpoint_id": row.checkpoint_id}))
+            winner = self._record_operation(session, request_id, "CreateCheckpoint", fingerprint,
+                                            {"checkpoint_id": row.checkpoint_id})
+            if winner is not None:
+                return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
             session.commit()
             return Checkpoint(row)
 
@@ -407,11 +433,12 @@ class Checkpoints:
             session.commit()
             if changes:
                 self.restorer.apply(Workspace(plan.workspace_root), changes)
-            if request_id:
-                session.add(OperationRow(request_id=request_id, method="Rollback", fingerprint=fingerprint,
-                                         result={"safety_checkpoint_id": safety.checkpoint_id,
-                                                 "changes": [_change_json(c) for c in changes]}))
-                session.commit()
+            winner = self._record_operation(session, request_id, "Rollback", fingerprint,
+                                            {"safety_checkpoint_id": safety.checkpoint_id,
+                                             "changes": [_change_json(c) for c in changes]})
+            if winner is not None:
+                return self._replay_rollback(session, winner, target, req.scope)
+            session.commit()
             return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety),
                                   False)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from checkpointd.core.db import Database
@@ -204,6 +205,15 @@ class ConfigStore:
     def set(self, name: str, value: Any, plan_id: str = "") -> Effective:
         key = lookup_key(name)
         value = validate_value(key, value)
+        try:
+            self._write(name, value, plan_id)
+        except IntegrityError:
+            # Another replica inserted the first value for this key at the same moment: update it.
+            self._write(name, value, plan_id)
+        self._notify()
+        return self.resolve(name, plan_id)
+
+    def _write(self, name: str, value: Any, plan_id: str) -> None:
         with self.db.session() as session:
             row = session.exec(select(ConfigRow).where(ConfigRow.key == name, ConfigRow.plan_id == plan_id)).first()
             if row is None:
@@ -213,8 +223,6 @@ class ConfigStore:
                 row.update_time = utcnow()
             session.add(row)
             session.commit()
-        self._notify()
-        return self.resolve(name, plan_id)
 
     def clear(self, name: str, plan_id: str = "") -> Effective:
         lookup_key(name)

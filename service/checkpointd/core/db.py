@@ -1,39 +1,244 @@
-"""Database engine and sessions from a URL (SQLite by default, PostgreSQL to scale out)."""
+"""Database engine, sessions, schema migrations and cross-replica locks.
+
+The URL selects the engine: SQLite (the default, one file in the data dir, served by one
+process) or PostgreSQL (``postgresql+psycopg://user@host/db``, shared by any number of
+replicas). The schema is owned by the Alembic migrations in ``checkpointd.migrations``;
+``Database.migrate`` brings a database to this server's newest revision and refuses one
+that a newer server has already moved past.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import event
-from sqlmodel import Session, SQLModel, create_engine
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, event, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlmodel import Session, create_engine
 
 from checkpointd.core import models  # noqa: F401 - registers the tables
+
+#: Alembic's bookkeeping table, named so that it cannot clash with another application's.
+SCHEMA_VERSION_TABLE = "checkpointd_schema_version"
+#: The schema every checkpointd wrote before migrations existed; such a database is adopted at this revision.
+BASELINE_REVISION = "0001"
+BASELINE_TABLES = frozenset({"plans", "checkpoints", "operations", "config_values"})
+
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+#: URL schemes accepted, and the driver each one is run with.
+_DRIVERS = {
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+
+
+class SchemaError(RuntimeError):
+    """The database holds a schema this server cannot use; it must not start on it."""
+
+
+def normalize_url(url: str) -> str:
+    """The URL with its driver made explicit; anything but SQLite or PostgreSQL (psycopg 3) is refused."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"invalid database URL {url!r}: {exc}") from None
+    driver = _DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise ValueError(f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
+                         "postgresql+psycopg://USER@HOST:PORT/DB")
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit key for a PostgreSQL advisory lock, namespaced to checkpointd."""
+    return int.from_bytes(hashlib.sha256(f"checkpointd:{name}".encode()).digest()[:8], "big", signed=True)
+
+
+def alembic_config() -> Config:
+    """Programmatic Alembic configuration (there is no alembic.ini)."""
+    config = Config()
+    config.set_main_option("script_location", "checkpointd:migrations")
+    return config
+
+
+def known_revisions() -> tuple[set[str], str]:
+    """Every revision this server's migrations know, and the newest one."""
+    script = ScriptDirectory.from_config(alembic_config())
+    return {revision.revision for revision in script.walk_revisions()}, script.get_current_head()
 
 
 class Database:
     def __init__(self, url: str) -> None:
-        self.url = url
-        if url.startswith("sqlite"):
-            self.engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        self.url = normalize_url(url)
+        self.dialect = make_url(self.url).get_backend_name()
+        self._locks_engine: Engine | None = None
+        if self.is_sqlite:
+            self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30})
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
-            self.engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+            self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+            # Advisory locks live on connections of their own: a lock survives the commits of the
+            # work it guards, and a waiting lock never holds a connection that work needs.
+            self._locks_engine = create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=60,
+                                               isolation_level="AUTOCOMMIT")
 
     @property
     def is_sqlite(self) -> bool:
-        return self.url.startswith("sqlite")
+        return self.dialect == SQLITE
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.dialect == POSTGRESQL
+
+    # -- schema -------------------------------------------------------------------------
+
+    def migrate(self) -> str:
+        """Upgrades the schema to this server's newest revision; returns it.
+
+        Replicas starting together on PostgreSQL take turns (an advisory lock held for the
+        whole upgrade, which PostgreSQL runs in one transaction). A database at a revision
+        this server does not know (a newer server migrated it) is refused with SchemaError.
+        """
+        known, head = known_revisions()
+        engine = self._migration_engine()
+        config = alembic_config()
+        try:
+            with engine.connect() as connection, connection.begin():
+                if self.is_postgresql:
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock_key("migrate")})
+                current = self._current_revisions(connection)
+                unknown = sorted(current - known)
+                if unknown:
+                    raise SchemaError(
+                        f"the database schema is at revision {', '.join(unknown)}, which this checkpointd does not "
+                        f"know (its newest is {head}): a newer checkpointd has migrated this database. Run that "
+                        "version, or point this one at another database.")
+                config.attributes["connection"] = connection
+                if not current and self._adopt_baseline(connection):
+                    command.stamp(config, BASELINE_REVISION)
+                command.upgrade(config, "head")
+        finally:
+            if engine is not self.engine:
+                engine.dispose()
+        return head
 
     def create_schema(self) -> None:
-        SQLModel.metadata.create_all(self.engine)
+        """Creates a new database's schema or upgrades an old one: the migrations do both."""
+        self.migrate()
+
+    def schema_revision(self) -> str | None:
+        """The revision the database is at; None before the first migration."""
+        with self.engine.connect() as connection:
+            current = self._current_revisions(connection)
+        return next(iter(current), None)
+
+    @staticmethod
+    def _current_revisions(connection: Connection) -> set[str]:
+        context = MigrationContext.configure(connection, opts={"version_table": SCHEMA_VERSION_TABLE})
+        return set(context.get_current_heads())
+
+    @staticmethod
+    def _adopt_baseline(connection: Connection) -> bool:
+        """True for a database made before migrations existed: it has exactly the baseline tables."""
+        present = BASELINE_TABLES & set(inspect(connection).get_table_names())
+        if present and present != BASELINE_TABLES:
+            raise SchemaError(f"the database has some checkpointd tables ({', '.join(sorted(present))}) but not "
+                              f"all, and no {SCHEMA_VERSION_TABLE} table: refusing to guess its schema")
+        return bool(present)
+
+    def _migration_engine(self) -> Engine:
+        """PostgreSQL runs DDL in transactions as is. Python's sqlite3 does not begin one before
+        DDL, so SQLite migrations get an engine that does, with BEGIN IMMEDIATE: an upgrade is
+        all or nothing, and a second process waits for the first instead of racing it."""
+        if not self.is_sqlite:
+            return self.engine
+        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _manual_transactions(dbapi_connection, _record) -> None:
+            dbapi_connection.isolation_level = None
+
+        @event.listens_for(engine, "begin")
+        def _begin_immediate(connection: Connection) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+
+    # -- sessions and locks -------------------------------------------------------------
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session:
             yield session
 
+    def advisory_lock(self, name: str, shared: bool = False) -> AdvisoryLock:
+        """A lock every replica on this database sees (PostgreSQL); a no-op on SQLite, whose
+        single server process serializes with in-process locks."""
+        return AdvisoryLock(self._locks_engine, lock_key(name), shared)
+
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._locks_engine is not None:
+            self._locks_engine.dispose()
+
+
+class AdvisoryLock:
+    """A PostgreSQL session-level advisory lock held on its own pooled connection.
+
+    If the server dies, PostgreSQL ends the connection and so releases the lock. ``acquire``
+    and ``release`` may run on different threads (the content store's GC fence does so).
+    """
+
+    def __init__(self, engine: Engine | None, key: int, shared: bool) -> None:
+        self._engine = engine
+        self._key = key
+        self._suffix = "_shared" if shared else ""
+        self._connection: Connection | None = None
+        self._guard = threading.Lock()
+
+    def acquire(self) -> None:
+        if self._engine is None:
+            return
+        connection = self._engine.connect()
+        try:
+            connection.execute(text(f"SELECT pg_advisory_lock{self._suffix}(:key)"), {"key": self._key})
+        except BaseException:
+            connection.invalidate()
+            connection.close()
+            raise
+        with self._guard:
+            self._connection = connection
+
+    def release(self) -> None:
+        with self._guard:
+            connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        try:
+            connection.execute(text(f"SELECT pg_advisory_unlock{self._suffix}(:key)"), {"key": self._key})
+        except Exception:
+            # A connection that cannot unlock is closed for good, which releases its locks.
+            connection.invalidate()
+        finally:
+            connection.close()
+
+    def __enter__(self) -> AdvisoryLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -43,5 +248,3 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
-
-

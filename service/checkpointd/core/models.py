@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -29,10 +29,8 @@ class PlanRow(SQLModel, table=True):
 
 class CheckpointRow(SQLModel, table=True):
     __tablename__ = "checkpoints"
-    __table_args__ = (
-        UniqueConstraint("plan_id", "sequence", name="uq_checkpoints_plan_sequence"),
-        Index("ix_checkpoints_plan_sequence", "plan_id", "sequence"),
-    )
+    #: The unique (plan_id, sequence) index also serves keyset pagination, newest first.
+    __table_args__ = (UniqueConstraint("plan_id", "sequence", name="uq_checkpoints_plan_sequence"),)
 
     checkpoint_id: str = Field(primary_key=True, max_length=26)
     plan_id: str = Field(max_length=26, foreign_key="plans.plan_id")
@@ -46,7 +44,7 @@ class CheckpointRow(SQLModel, table=True):
     workspace_root: str | None = Field(default=None, max_length=4096)
     tree_digest: str | None = Field(default=None, max_length=64)
     file_count: int = 0
-    total_size_bytes: int = 0
+    total_size_bytes: int = Field(default=0, sa_type=BigInteger)
     state_digest: str | None = Field(default=None, max_length=64)
     state_size_bytes: int = 0
     skipped: list[list[Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
@@ -79,4 +77,35 @@ class ConfigRow(SQLModel, table=True):
     update_time: datetime = _time_column()
 
 
+class ObjectRow(SQLModel, table=True):
+    """A content-store object kept in the database (``--store db``); its bytes are in ``object_chunks``.
 
+    Inserted in the same transaction as its chunks, so a row here means the whole object is there.
+    """
+
+    __tablename__ = "objects"
+
+    digest: str = Field(primary_key=True, max_length=64)
+    #: Size of the content (before compression).
+    size: int = Field(sa_type=BigInteger)
+    #: "R" raw chunks, or "Z" one zlib-compressed chunk.
+    encoding: str = Field(max_length=1)
+    chunk_count: int
+    create_time: datetime = _time_column()
+
+
+class ObjectChunkRow(SQLModel, table=True):
+    __tablename__ = "object_chunks"
+
+    digest: str = Field(primary_key=True, max_length=64)
+    seq: int = Field(primary_key=True)
+    data: bytes = Field(sa_type=LargeBinary)
+
+
+class ContentStoreStateRow(SQLModel, table=True):
+    """One row: bumped by every garbage collection, so replicas know to forget which objects they saw."""
+
+    __tablename__ = "content_store_state"
+
+    id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    gc_epoch: int = Field(default=0, sa_type=BigInteger)

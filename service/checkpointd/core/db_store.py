@@ -1,0 +1,454 @@
+"""The content store kept in the metadata database (``--store db``), so replicas on one
+PostgreSQL need no shared file system.
+
+Same interface and guarantees as ``store.ContentStore``: objects are named by the SHA-256
+of their content; a ``Batch`` stages them (small ones in memory, large ones in a local
+temporary file) and ``Batch.commit`` writes them all in one database transaction, which a
+caller commits before the metadata that references them. Staged objects are readable
+before their batch commits. Each object is an ``objects`` row plus 1 MiB ``object_chunks``
+(one zlib-compressed chunk when that is smaller), inserted in the same transaction.
+
+The GC fence spans replicas: ``referencing`` holds a shared PostgreSQL advisory lock for as
+long as any thread of this process references objects, ``collecting`` an exclusive one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import hashlib
+import os
+import threading
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
+
+from checkpointd.core.db import Database
+from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
+from checkpointd.core.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
+from checkpointd.core.store import ContentStore
+
+_RAW = "R"
+_ZLIB = "Z"
+#: Objects up to this size are compressed in memory when that makes them smaller; also the chunk size.
+_CHUNK = 1 << 20
+#: Digests remembered as present; the set is dropped when it grows past this.
+_KNOWN_LIMIT = 500_000
+#: Chunk bytes sent to the database in one round trip.
+_INSERT_BUFFER = 8 << 20
+#: PostgreSQL SQLSTATE class 53: insufficient resources (disk full, out of memory, too many connections).
+_SQLSTATE_RESOURCES = "53"
+
+_objects = ObjectRow.__table__
+_chunks = ObjectChunkRow.__table__
+_state = ContentStoreStateRow.__table__
+
+
+class StoreKind(enum.StrEnum):
+    """Where content lives: files under the data dir, or rows in the metadata database."""
+
+    DISK = "disk"
+    DB = "db"
+
+
+def open_store(kind: str, db: Database, data_dir: Path) -> ContentStore | DatabaseStore:
+    """The content store the server was configured with; unknown kinds are refused."""
+    match StoreKind(kind):
+        case StoreKind.DISK:
+            return ContentStore(data_dir / "store")
+        case StoreKind.DB:
+            return DatabaseStore(db, data_dir / "db-store-staging")
+
+
+def _storage_error(exc: Exception) -> Exception:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"content store staging is full: {exc.strerror}")
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None) or ""
+    if sqlstate.startswith(_SQLSTATE_RESOURCES):
+        return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"the database cannot store more content: {exc}")
+    return exc
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """An object written by an open batch: its encoded body in memory, or raw in a temporary file."""
+
+    encoding: str
+    size: int
+    body: bytes | None = None
+    path: Path | None = None
+
+    def chunks(self) -> Iterator[bytes]:
+        """The stored chunks, as they will be inserted."""
+        if self.body is not None:
+            yield self.body
+            return
+        with open(self.path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                yield chunk
+
+
+class _SharedExclusive:
+    """Many holders of the shared side, or one of the exclusive side (writers first)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._cond.wait_for(lambda: self._shared == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class DatabaseStore:
+    def __init__(self, db: Database, staging: Path) -> None:
+        self.db = db
+        self.staging = staging
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self._clear_staging()
+        self._staged: dict[str, _Staged] = {}
+        self._staged_lock = threading.Lock()
+        self._local_fence = _SharedExclusive()
+        self._replica_fence = db.advisory_lock("content-store-gc", shared=True)
+        self._holders = 0
+        self._holders_lock = threading.Lock()
+        #: Digests seen committed. Trusted only while this process holds the replica fence,
+        #: during which no replica can collect; forgotten when a collection happened meanwhile.
+        self._known: set[str] = set()
+        #: Bumped whenever ``_known`` is dropped, so a look-up that raced a drop is not remembered.
+        self._generation = 0
+        self._gc_epoch: int | None = None
+
+    def _clear_staging(self) -> None:
+        """Leftovers of an interrupted batch were never referenced; drop them."""
+        for leftover in self.staging.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+    # -- GC fence -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def referencing(self) -> Iterator[None]:
+        """Hold while writing objects and committing the metadata that references them:
+        an object found to exist (and so not rewritten) cannot be collected meanwhile, by
+        any replica."""
+        with self._local_fence.shared():
+            self._hold_replica_fence()
+            try:
+                yield
+            finally:
+                self._release_replica_fence()
+
+    def _hold_replica_fence(self) -> None:
+        with self._holders_lock:
+            if self._holders == 0:
+                self._replica_fence.acquire()
+                try:
+                    epoch = self._read_gc_epoch()
+                except BaseException:
+                    self._replica_fence.release()
+                    raise
+                if epoch != self._gc_epoch:
+                    self._forget_known()
+                    self._gc_epoch = epoch
+            self._holders += 1
+
+    def _release_replica_fence(self) -> None:
+        with self._holders_lock:
+            self._holders -= 1
+            if self._holders == 0:
+                self._replica_fence.release()
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Held by garbage collection: no checkpoint, on any replica, is between its objects and its row."""
+        with self._local_fence.exclusive(), self.db.advisory_lock("content-store-gc"):
+            with self.db.engine.begin() as connection:
+                connection.execute(update(_state).where(_state.c.id == 1).values(gc_epoch=_state.c.gc_epoch + 1))
+            with self._holders_lock:
+                self._forget_known()
+            yield
+
+    def _read_gc_epoch(self) -> int:
+        with self.db.engine.connect() as connection:
+            return connection.execute(select(_state.c.gc_epoch).where(_state.c.id == 1)).scalar_one()
+
+    # -- reading ------------------------------------------------------------------------
+
+    def has(self, digest: str) -> bool:
+        generation = self._generation
+        if self._holders > 0 and digest in self._known:
+            return True
+        with self.db.engine.connect() as connection:
+            found = connection.execute(select(_objects.c.digest).where(_objects.c.digest == digest)).first()
+        if found is not None:
+            self._remember([digest], generation)
+        return found is not None
+
+    def _remember(self, digests: list[str], generation: int) -> None:
+        """Remembers digests seen committed, unless the fence was let go or ``_known`` dropped since."""
+        with self._holders_lock:
+            if self._holders == 0 or generation != self._generation:
+                return
+            if len(self._known) + len(digests) > _KNOWN_LIMIT:
+                self._forget_known()
+            self._known.update(digests)
+
+    def _forget_known(self) -> None:
+        """Called with ``_holders_lock`` held."""
+        self._known.clear()
+        self._generation += 1
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    def read_bytes(self, digest: str) -> bytes:
+        return b"".join(self.iter_chunks(digest))
+
+    def iter_chunks(self, digest: str) -> Iterator[bytes]:
+        """Yields an object's content, verifying its digest as it goes."""
+        hasher = hashlib.sha256()
+        for chunk in self._content(digest):
+            hasher.update(chunk)
+            yield chunk
+        if hasher.hexdigest() != digest:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+
+    def _content(self, digest: str) -> Iterator[bytes]:
+        """A committed object, or one still staged by an open batch (checked between two
+        looks at the database, as the batch may commit and forget it in between)."""
+        first = self._first_chunk(digest)
+        if first is None:
+            with self._staged_lock:
+                staged = self._staged.get(digest)
+            if staged is not None:
+                try:
+                    opened = open(staged.path, "rb") if staged.path else None  # noqa: SIM115 - closed below
+                except FileNotFoundError:
+                    opened = None
+                if staged.body is not None or opened is not None:
+                    yield from _decode(staged.encoding, _staged_chunks(staged, opened), digest)
+                    return
+            first = self._first_chunk(digest)
+            if first is None:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing", digest=digest)
+        encoding, chunk_count, data = first
+        yield from _decode(encoding, self._committed_chunks(digest, chunk_count, data), digest)
+
+    def _first_chunk(self, digest: str) -> tuple[str, int, bytes] | None:
+        query = (select(_objects.c.encoding, _objects.c.chunk_count, _chunks.c.data)
+                 .join(_chunks, (_chunks.c.digest == _objects.c.digest) & (_chunks.c.seq == 0))
+                 .where(_objects.c.digest == digest))
+        with self.db.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return None if row is None else (row[0], row[1], bytes(row[2]))
+
+    def _committed_chunks(self, digest: str, chunk_count: int, first: bytes) -> Iterator[bytes]:
+        """One query per further chunk: memory stays at one chunk and no connection is held between them."""
+        yield first
+        for seq in range(1, chunk_count):
+            with self.db.engine.connect() as connection:
+                data = connection.execute(
+                    select(_chunks.c.data).where(_chunks.c.digest == digest, _chunks.c.seq == seq)).scalar()
+            if data is None:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing chunk {seq}", digest=digest)
+            yield bytes(data)
+
+    # -- removal ------------------------------------------------------------------------
+
+    def delete(self, digest: str) -> None:
+        with self._holders_lock:
+            self._forget_known()
+        with self.db.engine.begin() as connection:
+            connection.execute(delete(_objects).where(_objects.c.digest == digest))
+            connection.execute(delete(_chunks).where(_chunks.c.digest == digest))
+
+    def iter_digests(self) -> Iterator[str]:
+        with self.db.engine.connect() as connection:
+            result = connection.execution_options(yield_per=1000).execute(select(_objects.c.digest))
+            for (digest,) in result:
+                yield digest
+
+    # -- writing (used by Batch) --------------------------------------------------------
+
+    def _insert(self, connection: Connection, pending: dict[str, _Staged]) -> None:
+        """Inserts the objects no other batch (maybe another replica's) has, then their chunks.
+
+        Digests go in sorted order, so two replicas storing overlapping objects wait for
+        each other instead of deadlocking.
+        """
+        dialect = postgresql if self.db.is_postgresql else sqlite
+        rows = [{"digest": digest, "size": staged.size, "encoding": staged.encoding,
+                 "chunk_count": _chunk_count(staged), "create_time": utcnow()}
+                for digest, staged in sorted(pending.items())]
+        statement = (dialect.insert(_objects).on_conflict_do_nothing(index_elements=["digest"])
+                     .returning(_objects.c.digest))
+        inserted = set(connection.execute(statement, rows).scalars())
+        chunks: list[dict[str, object]] = []
+        buffered = 0
+        for digest in sorted(inserted):
+            for seq, chunk in enumerate(pending[digest].chunks()):
+                chunks.append({"digest": digest, "seq": seq, "data": chunk})
+                buffered += len(chunk)
+                if buffered >= _INSERT_BUFFER:
+                    connection.execute(insert(_chunks), chunks)
+                    chunks, buffered = [], 0
+        if chunks:
+            connection.execute(insert(_chunks), chunks)
+
+
+def _chunk_count(staged: _Staged) -> int:
+    if staged.body is not None:
+        return 1
+    return max(1, -(-staged.size // _CHUNK))
+
+
+def _staged_chunks(staged: _Staged, opened) -> Iterator[bytes]:
+    if opened is None:
+        yield staged.body
+        return
+    with opened:
+        while chunk := opened.read(_CHUNK):
+            yield chunk
+
+
+def _decode(encoding: str, chunks: Iterator[bytes], digest: str) -> Iterator[bytes]:
+    if encoding == _ZLIB:
+        yield zlib.decompress(b"".join(chunks))
+    elif encoding == _RAW:
+        yield from chunks
+    else:
+        raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} has unknown encoding {encoding!r}", digest=digest)
+
+
+class Batch:
+    """Objects written together and committed together, in one transaction (see module docstring)."""
+
+    def __init__(self, store: DatabaseStore) -> None:
+        self.store = store
+        self._pending: dict[str, _Staged] = {}
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def _present(self, digest: str) -> bool:
+        return digest in self._pending or self.store.has(digest)
+
+    def _keep(self, digest: str, staged: _Staged) -> None:
+        self._pending[digest] = staged
+        with self.store._staged_lock:
+            self.store._staged.setdefault(digest, staged)
+
+    def put_bytes(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        if self._present(digest):
+            return digest
+        packed = zlib.compress(data, 1) if len(data) <= _CHUNK else data
+        if len(packed) < len(data):
+            self._keep(digest, _Staged(_ZLIB, len(data), body=packed))
+        elif len(data) <= _CHUNK:
+            self._keep(digest, _Staged(_RAW, len(data), body=bytes(data)))
+        else:
+            self._keep(digest, self._spill(data))
+        return digest
+
+    def put_fd(self, src_fd: int, expected_size: int) -> tuple[str, int]:
+        """Stores the content readable from ``src_fd``; returns (digest, size read)."""
+        if expected_size <= _CHUNK:
+            data = _read_all(src_fd)
+            return self.put_bytes(data), len(data)
+        hasher = hashlib.sha256()
+        path = self.store.staging / uuid.uuid4().hex
+        size = 0
+        try:
+            with open(path, "xb") as out:
+                while chunk := os.read(src_fd, _CHUNK):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            raise _storage_error(exc) from exc
+        digest = hasher.hexdigest()
+        if self._present(digest):
+            path.unlink()
+        else:
+            self._keep(digest, _Staged(_RAW, size, path=path))
+        return digest, size
+
+    def _spill(self, data: bytes) -> _Staged:
+        """A large in-memory object goes to a temporary file like a streamed one."""
+        path = self.store.staging / uuid.uuid4().hex
+        try:
+            with open(path, "xb") as out:
+                out.write(data)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            raise _storage_error(exc) from exc
+        return _Staged(_RAW, len(data), path=path)
+
+    def commit(self) -> None:
+        if not self._pending:
+            return
+        generation = self.store._generation
+        try:
+            with self.store.db.engine.begin() as connection:
+                self.store._insert(connection, self._pending)
+        except (DBAPIError, OSError) as exc:
+            self.abort()
+            raise _storage_error(exc) from exc
+        self.store._remember(list(self._pending), generation)
+        self.abort()
+
+    def abort(self) -> None:
+        """Forgets the staged objects (after a commit, too: they are in the database then)."""
+        with self.store._staged_lock:
+            for digest, staged in self._pending.items():
+                if self.store._staged.get(digest) is staged:
+                    del self.store._staged[digest]
+        for staged in self._pending.values():
+            if staged.path is not None:
+                staged.path.unlink(missing_ok=True)
+        self._pending.clear()
+
+
+def _read_all(fd: int) -> bytes:
+    parts = []
+    while chunk := os.read(fd, _CHUNK):
+        parts.append(chunk)
+    return b"".join(parts)
