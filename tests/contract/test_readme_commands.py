@@ -10,7 +10,6 @@ workspace root.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -84,8 +83,6 @@ def test_walkthrough_calls_every_rpc_over_tcp_and_the_unix_socket(walkthrough):
 
 
 def test_walkthrough_runs_verbatim(walkthrough, fresh_server):
-    if shutil.which("jq") is None:
-        pytest.fail("the README walk-through needs jq (apt-get install jq)")
     require_node_modules()
     cwd = looks_like_the_repository(fresh_server)
 
