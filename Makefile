@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 INSTALLED := $(VENV)/.installed
 PROTO_SOURCES := $(shell find protos -name '*.proto')
+NODE_DIR := clients/node
+NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
+BUF := $(NODE_DIR)/node_modules/.bin/buf
 
 .PHONY: install proto run test lint bench clean
 
@@ -18,17 +21,26 @@ $(INSTALLED): pyproject.toml $(PROTO_SOURCES) protos/generate.py
 	$(PIP) -e '.[dev]'
 	touch $@
 
+$(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
 proto: $(INSTALLED)
 	$(BIN)/python protos/generate.py
+	$(BIN)/python protos/apidoc.py
 
 run: install
 	$(BIN)/checkpointd serve
 
-test: install
+test: install $(NODE_INSTALLED)
 	$(BIN)/pytest
+	cd $(NODE_DIR) && npm test
 
-lint: install
-	$(BIN)/ruff check service clients/python tests protos/generate.py
+lint: install $(NODE_INSTALLED)
+	$(BIN)/ruff check service clients/python tests protos/generate.py protos/apidoc.py
+	$(BUF) lint protos
+	$(BUF) breaking protos --against protos/released/checkpoint-v1.binpb
+	$(BIN)/python protos/apidoc.py --check
 
 clean:
 	rm -rf $(VENV)
