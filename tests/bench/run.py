@@ -55,6 +55,7 @@ METRICS = ("first", "incremental", "no_change", "rollback", "store", "throughput
 ROLLBACK_EDIT_KINDS = ("modify", "add", "delete")
 BACKGROUND_STALL_LIMIT_SECONDS = 1.0
 MIB = 1024 * 1024
+BUSY_LOAD_PER_CPU = 0.5
 
 T = TypeVar("T")
 
@@ -217,6 +218,8 @@ class Run:
         self.server: CheckpointdServer | None = None
         self.client: CheckpointdClient | None = None
         self._server_count = 0
+        self._deletions: list[subprocess.Popen[bytes]] = []
+        self.load_at_start = list(os.getloadavg())
 
     def wants(self, system: str) -> bool:
         return system in self.options.systems
@@ -255,21 +258,36 @@ class Run:
             self.server = None
 
     def generate_pair(self, file_count: int, label: str) -> dict[str, GeneratedWorkspace]:
+        """Generates one workspace per system (same seed), then waits for background deletions so
+        that nothing but the measured systems works on the disk afterwards."""
         started = time.perf_counter()
         pair = {system: generate_workspace(self.workspaces / f"{label}-{system}", file_count, self.options.seed)
                 for system in self.options.systems}
+        self.wait_for_deletions()
         some = next(iter(pair.values()))
         log(f"generated {len(pair)} workspace(s) of {file_count} tracked + {some.ignored_file_count} ignored "
             f"files ({some.total_bytes / MIB:.0f} MiB each) in {time.perf_counter() - started:.1f} s")
         return pair
 
-    def discard(self, *paths: Path) -> None:
-        if not self.options.keep:
-            for path in paths:
+    def discard(self, *paths: Path, background: bool = False) -> None:
+        """Deletes scratch trees (unless --keep). In the background only where a workspace
+        generation, which waits for it, comes next: deleting 100k files takes a while here."""
+        if self.options.keep:
+            return
+        for path in paths:
+            if background:
+                self._deletions.append(subprocess.Popen(["rm", "-rf", "--", str(path)]))
+            else:
                 shutil.rmtree(path, ignore_errors=True)
+
+    def wait_for_deletions(self) -> None:
+        for deletion in self._deletions:
+            deletion.wait()
+        self._deletions.clear()
 
     def close(self) -> None:
         self.stop_server()
+        self.wait_for_deletions()
         if self.options.keep:
             log(f"kept scratch directory {self.scratch}")
         else:
@@ -479,9 +497,8 @@ class SizeBench:
 
     def close(self) -> None:
         self.run.stop_server()
-        self.run.discard(*(workspace.path for workspace in self.workspaces.values()))
-        if self.git is not None:
-            self.run.discard(self.git.git_dir)
+        paths = [workspace.path for workspace in self.workspaces.values()]
+        self.run.discard(*paths, *([self.git.git_dir] if self.git else []), background=True)
 
     def run_all(self) -> None:
         metrics = self.options.metrics
@@ -548,7 +565,7 @@ def bench_store(run: Run) -> None:
     if run.wants(CHECKPOINTD):
         attempt(result.for_system(CHECKPOINTD), checkpointd_side)
     run.stop_server()
-    run.discard(*(workspace.path for workspace in workspaces.values()))
+    run.discard(*(workspace.path for workspace in workspaces.values()), background=True)
     log(f"[store] {SizeBench._latest(result)}")
 
 
@@ -563,6 +580,7 @@ def bench_throughput(run: Run) -> None:
     if not run.wants(CHECKPOINTD):
         return
     state = bytes(range(256)) * 4
+    run.wait_for_deletions()
 
     def one_round() -> None:
         server = run.server
@@ -661,7 +679,7 @@ def _notes(result: MetricResult) -> str:
             total = len(series.wrong) + len(series.samples)
             notes.append(f"{system} wrong {len(series.wrong)}/{total} (not counted)")
         if series.error:
-            notes.append(f"{system} error: {series.error[:80]}")
+            notes.append(f"{system} error: {series.error.splitlines()[0][:100]}")
     cores = result.series.get(CHECKPOINTD, Series("")).extra.get("client_cpu_cores")
     if cores:
         notes.append(f"client used {median(cores):.2f} cores")
@@ -713,7 +731,8 @@ def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv:
         "options": {key: str(value) if isinstance(value, Path) else value
                     for key, value in options.__dict__.items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "git": _command_output("git", "--version")},
+                    "git": _command_output("git", "--version"), "load_average_at_start": run.load_at_start,
+                    "load_average_at_end": list(os.getloadavg())},
         "repo_commit": _command_output("git", "rev-parse", "HEAD"),
         "repo_dirty": bool(_command_output("git", "status", "--porcelain", "--untracked-files=no")),
         "workspaces": run.workspace_facts,
@@ -752,6 +771,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nresults: {path}")
     print("Medians of repeated runs, measured at the client (checkpointd: one gRPC call; git: add+commit, "
           "restore+clean). Wrong results are excluded and noted.")
+    busiest = max(run.load_at_start[0], os.getloadavg()[0])
+    if busiest > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1):
+        print(f"WARNING: the machine was busy (1-min load average up to {busiest:.1f} on {os.cpu_count()} CPUs); "
+              "other work competed with both systems, so absolute figures are noisy.")
     return 1 if checkpointd_failed(run.results) else 0
 
 
