@@ -22,7 +22,7 @@ import os
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +147,7 @@ class DatabaseStore:
         #: Bumped whenever ``_known`` is dropped, so a look-up that raced a drop is not remembered.
         self._generation = 0
         self._gc_epoch: int | None = None
+        self._deletions = 0
 
     def _clear_staging(self) -> None:
         """Leftovers of an interrupted batch were never referenced; drop them."""
@@ -179,6 +180,8 @@ class DatabaseStore:
                     raise
                 if epoch != self._gc_epoch:
                     self._forget_known()
+                    if self._gc_epoch is not None:
+                        self._deletions += 1
                     self._gc_epoch = epoch
             self._holders += 1
 
@@ -285,9 +288,17 @@ class DatabaseStore:
 
     # -- removal ------------------------------------------------------------------------
 
+    @property
+    def deletions(self) -> int:
+        """Changes whenever objects may have been deleted, here or (as seen when this process
+        takes the GC fence) by another replica's collection: whoever caches "this object
+        exists" can tell it may be stale."""
+        return self._deletions
+
     def delete(self, digest: str) -> None:
         with self._holders_lock:
             self._forget_known()
+            self._deletions += 1
         with self.db.engine.begin() as connection:
             connection.execute(delete(_objects).where(_objects.c.digest == digest))
             connection.execute(delete(_chunks).where(_chunks.c.digest == digest))
@@ -351,11 +362,16 @@ def _decode(encoding: str, chunks: Iterator[bytes], digest: str) -> Iterator[byt
 
 
 class Batch:
-    """Objects written together and committed together, in one transaction (see module docstring)."""
+    """Objects written together and committed together, in one transaction (see module docstring).
+
+    Several threads of one capture may write into the same batch.
+    """
 
     def __init__(self, store: DatabaseStore) -> None:
         self.store = store
         self._pending: dict[str, _Staged] = {}
+        self._finished: list[Callable[[bool], None]] = []
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Batch:
         return self
@@ -366,25 +382,39 @@ class Batch:
         else:
             self.abort()
 
-    def _present(self, digest: str) -> bool:
+    def when_finished(self, callback: Callable[[bool], None]) -> None:
+        """Calls ``callback(committed)`` once the batch is committed (True) or aborted (False)."""
+        self._finished.append(callback)
+
+    def reuse(self, digest: str) -> bool:
+        """Whether ``digest`` is already stored (committed, or written by this batch), so a
+        caller that knows the content's digest may reference it without writing it again."""
         return digest in self._pending or self.store.has(digest)
 
-    def _keep(self, digest: str, staged: _Staged) -> None:
-        self._pending[digest] = staged
+    def _publish(self, digest: str, staged: _Staged) -> None:
+        """Records a written object, unless another thread of this batch was first."""
+        with self._lock:
+            first = digest not in self._pending
+            if first:
+                self._pending[digest] = staged
+        if not first:
+            if staged.path is not None:
+                staged.path.unlink(missing_ok=True)
+            return
         with self.store._staged_lock:
             self.store._staged.setdefault(digest, staged)
 
     def put_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
-        if self._present(digest):
+        if self.reuse(digest):
             return digest
         packed = zlib.compress(data, 1) if len(data) <= _CHUNK else data
         if len(packed) < len(data):
-            self._keep(digest, _Staged(_ZLIB, len(data), body=packed))
+            self._publish(digest, _Staged(_ZLIB, len(data), body=packed))
         elif len(data) <= _CHUNK:
-            self._keep(digest, _Staged(_RAW, len(data), body=bytes(data)))
+            self._publish(digest, _Staged(_RAW, len(data), body=bytes(data)))
         else:
-            self._keep(digest, self._spill(data))
+            self._publish(digest, self._spill(data))
         return digest
 
     def put_fd(self, src_fd: int, expected_size: int) -> tuple[str, int]:
@@ -405,10 +435,10 @@ class Batch:
             path.unlink(missing_ok=True)
             raise _storage_error(exc) from exc
         digest = hasher.hexdigest()
-        if self._present(digest):
+        if self.reuse(digest):
             path.unlink()
         else:
-            self._keep(digest, _Staged(_RAW, size, path=path))
+            self._publish(digest, _Staged(_RAW, size, path=path))
         return digest, size
 
     def _spill(self, data: bytes) -> _Staged:
@@ -423,20 +453,26 @@ class Batch:
         return _Staged(_RAW, len(data), path=path)
 
     def commit(self) -> None:
-        if not self._pending:
-            return
-        generation = self.store._generation
-        try:
-            with self.store.db.engine.begin() as connection:
-                self.store._insert(connection, self._pending)
-        except (DBAPIError, OSError) as exc:
-            self.abort()
-            raise _storage_error(exc) from exc
-        self.store._remember(list(self._pending), generation)
-        self.abort()
+        if self._pending:
+            generation = self.store._generation
+            try:
+                with self.store.db.engine.begin() as connection:
+                    self.store._insert(connection, self._pending)
+            except BaseException as exc:
+                self.abort()
+                if isinstance(exc, DBAPIError | OSError):
+                    raise _storage_error(exc) from exc
+                raise
+            self.store._remember(list(self._pending), generation)
+        self._forget()
+        self._finish(True)
 
     def abort(self) -> None:
-        """Forgets the staged objects (after a commit, too: they are in the database then)."""
+        self._forget()
+        self._finish(False)
+
+    def _forget(self) -> None:
+        """Drops the staged objects (after a commit too: they are in the database then)."""
         with self.store._staged_lock:
             for digest, staged in self._pending.items():
                 if self.store._staged.get(digest) is staged:
@@ -445,6 +481,11 @@ class Batch:
             if staged.path is not None:
                 staged.path.unlink(missing_ok=True)
         self._pending.clear()
+
+    def _finish(self, committed: bool) -> None:
+        callbacks, self._finished = self._finished, []
+        for callback in callbacks:
+            callback(committed)
 
 
 def _read_all(fd: int) -> bytes:

@@ -1,0 +1,82 @@
+"""Fixtures for the scale-out tests: throwaway PostgreSQL databases and replica servers sharing one."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from checkpoint.v1 import checkpoint_service_pb2_grpc
+from tests.conftest import PostgresDatabases, RunningServer
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresDatabases) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database of this test's own (dropped afterwards)."""
+    url = postgres.create()
+    yield url
+    postgres.drop(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on each engine: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'meta.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+class Replicas:
+    """Several `checkpointd serve` processes on one database, each with a data dir of its own,
+    all accepting workspaces under one shared root (as pods mounting the same workspace)."""
+
+    def __init__(self, base: Path, db_url: str) -> None:
+        self.base = base
+        self.db_url = db_url
+        self.shared_root = base / "shared"
+        self.shared_root.mkdir()
+        self.servers: list[RunningServer] = []
+        self._channels: list[grpc.Channel] = []
+
+    def start(self, count: int, *extra: str) -> list[RunningServer]:
+        started = []
+        for _ in range(count):
+            base = Path(tempfile.mkdtemp(prefix="r-", dir=self.base))
+            server = RunningServer(base, db_url=self.db_url,
+                                   extra_args=("--store", "db", "--workspace-root", str(self.shared_root), *extra))
+            self.servers.append(server)
+            started.append(server)
+        return started
+
+    def stub(self, server: RunningServer) -> checkpoint_service_pb2_grpc.CheckpointServiceStub:
+        channel = grpc.insecure_channel(server.tcp_target)
+        self._channels.append(channel)
+        return checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
+
+    def workspace(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="ws-", dir=self.shared_root))
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def replicas(short_tmp: Path, pg_url: str) -> Iterator[Replicas]:
+    group = Replicas(Path(tempfile.mkdtemp(prefix="g-", dir=short_tmp)), pg_url)
+    yield group
+    group.close()
+
+
+@pytest.fixture
+def two_replicas(replicas: Replicas) -> tuple[Callable, Callable, Replicas]:
+    """Two running replicas (--store db, no shared data dir); returns their stubs and the group."""
+    first, second = replicas.start(2)
+    first.start()
+    second.start()
+    return replicas.stub(first), replicas.stub(second), replicas

@@ -1,0 +1,184 @@
+"""Several `checkpointd serve` replicas on one PostgreSQL database, content in the database
+(--store db) and no shared data dir: sequences, request_id replays and rollbacks stay correct
+when the same plan is driven through different replicas at once."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from functools import partial
+
+import grpc
+import pytest
+from ulid import ULID
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from tests.helpers import error_info, tree_state
+
+pytestmark = pytest.mark.postgres
+
+FILES = 150
+
+
+def list_all(stub, plan_id: str) -> list[pb.Checkpoint]:
+    out: list[pb.Checkpoint] = []
+    token = ""
+    while True:
+        reply = stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=50, page_token=token))
+        out.extend(reply.checkpoints)
+        token = reply.next_page_token
+        if not token:
+            return out
+
+
+def in_parallel(*calls: Callable[[], object]) -> list[object]:
+    """Runs the calls at the same moment; returns each one's result or the RpcError it raised."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], object]) -> object:
+        barrier.wait()
+        try:
+            return call()
+        except grpc.RpcError as error:
+            return error
+
+    with futures.ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def test_concurrent_creates_through_two_replicas_get_unique_gap_free_sequences(two_replicas):
+    first, second, group = two_replicas
+    workspace = group.workspace()
+    for i in range(20):
+        (workspace / f"f{i}.txt").write_text(f"file {i}")
+    plan_id = _ulid()
+    per_thread = 12
+
+    def creator(stub, tag: str) -> Callable[[], list[tuple[pb.Checkpoint, bytes]]]:
+        def create() -> list[tuple[pb.Checkpoint, bytes]]:
+            made = []
+            for n in range(per_thread):
+                state = f"{tag}-{n}".encode()
+                made.append((stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+                    plan_id=plan_id, workspace_root=str(workspace), state=state), timeout=60).checkpoint, state))
+            return made
+
+        return create
+
+    results = in_parallel(*(creator(stub, f"{name}{t}") for name, stub in (("a", first), ("b", second))
+                            for t in range(3)))
+    states = {checkpoint.checkpoint_id: state for batch in results for checkpoint, state in batch}
+    created = [checkpoint for batch in results for checkpoint, _ in batch]
+    assert len(created) == 6 * per_thread
+    assert sorted(c.sequence for c in created) == list(range(1, len(created) + 1))
+    assert len({c.checkpoint_id for c in created}) == len(created)
+
+    for stub in (first, second):
+        listed = list_all(stub, plan_id)
+        assert {(c.checkpoint_id, c.sequence) for c in listed} == {(c.checkpoint_id, c.sequence) for c in created}
+    # Content written by one replica is read back through the other: it lives in the database.
+    for checkpoint in created[:: per_thread // 2]:
+        for stub in (first, second):
+            got = stub.GetCheckpoint(pb.GetCheckpointRequest(
+                checkpoint_id=checkpoint.checkpoint_id, view=pb.CHECKPOINT_VIEW_FULL)).checkpoint
+            assert got.state == states[checkpoint.checkpoint_id]
+            assert got.file_count == 20 and got.tree_digest == checkpoint.tree_digest
+
+
+def test_a_request_id_sent_to_both_replicas_at_once_creates_one_checkpoint(two_replicas):
+    first, second, group = two_replicas
+    workspace = group.workspace()
+    (workspace / "a.txt").write_text("a")
+    plan_id = _ulid()
+    rounds = 15
+    for n in range(rounds):
+        request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace), state=b"s%d" % n,
+                                             request_id=str(uuid.uuid4()))
+        replies = in_parallel(lambda r=request: first.CreateCheckpoint(r, timeout=60),
+                              lambda r=request: second.CreateCheckpoint(r, timeout=60))
+        assert all(isinstance(reply, pb.CreateCheckpointResponse) for reply in replies), replies
+        assert replies[0].checkpoint == replies[1].checkpoint
+        assert replies[0].checkpoint.sequence == n + 1
+        # A later retry through either replica replays the same checkpoint.
+        assert second.CreateCheckpoint(request).checkpoint == replies[0].checkpoint
+    assert [c.sequence for c in list_all(first, plan_id)] == list(range(rounds, 0, -1))
+
+
+def test_one_request_id_used_for_two_plans_at_once_succeeds_once(two_replicas):
+    first, second, group = two_replicas
+    rounds = 10
+    plans = (_ulid(), _ulid())
+    for _ in range(rounds):
+        request_id = str(uuid.uuid4())
+        replies = in_parallel(*(
+            partial(stub.CreateCheckpoint, pb.CreateCheckpointRequest(plan_id=plan, request_id=request_id, state=b"x"),
+                    timeout=60)
+            for stub, plan in ((first, plans[0]), (second, plans[1]))))
+        ok = [r for r in replies if isinstance(r, pb.CreateCheckpointResponse)]
+        refused = [r for r in replies if isinstance(r, grpc.RpcError)]
+        assert len(ok) == 1 and len(refused) == 1, replies
+        assert refused[0].code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(refused[0]).reason == "REQUEST_ID_REUSED"
+    counts = [len(list_all(first, plan)) for plan in plans]
+    assert sum(counts) == rounds
+    for plan in plans:
+        assert [c.sequence for c in list_all(second, plan)] == list(range(len(list_all(second, plan)), 0, -1))
+
+
+def test_a_rollback_through_one_replica_serializes_with_checkpoints_through_the_other(two_replicas):
+    """Every checkpoint taken through replica A while replica B rolls the workspace back sees the
+    workspace wholly before or wholly after the rollback, never half restored."""
+    first, second, group = two_replicas
+    workspace = group.workspace()
+    plan_id = _ulid()
+
+    def write_all(version: str) -> None:
+        for i in range(FILES):
+            (workspace / f"d{i % 10}" / f"f{i}.txt").parent.mkdir(exist_ok=True)
+            (workspace / f"d{i % 10}" / f"f{i}.txt").write_text(f"{version} of file {i}\n" * 50)
+
+    def create(stub) -> pb.Checkpoint:
+        return stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                                     timeout=60).checkpoint
+
+    write_all("v1")
+    before = tree_state(workspace)
+    target = create(first)
+    during: list[pb.Checkpoint] = []
+    safeties: list[pb.Checkpoint] = []
+    def roll_back(done: threading.Event) -> None:
+        try:
+            reply = second.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id),
+                                    timeout=120)
+            safeties.append(reply.safety_checkpoint)
+        finally:
+            done.set()
+
+    def checkpoint_until(done: threading.Event) -> None:
+        while not done.is_set():
+            during.append(create(first))
+        during.append(create(first))
+
+    for _ in range(3):
+        write_all("v2")
+        done = threading.Event()
+        in_parallel(partial(roll_back, done), partial(checkpoint_until, done))
+        assert tree_state(workspace) == before
+
+    assert len(safeties) == 3
+    for checkpoint in during:
+        changed = first.DiffCheckpoints(pb.DiffCheckpointsRequest(
+            base_checkpoint_id=target.checkpoint_id, target_checkpoint_id=checkpoint.checkpoint_id)).changes
+        assert len(changed) in (0, FILES), f"checkpoint {checkpoint.sequence} saw a half-restored workspace"
+    for safety in safeties:
+        changed = second.DiffCheckpoints(pb.DiffCheckpointsRequest(
+            base_checkpoint_id=target.checkpoint_id, target_checkpoint_id=safety.checkpoint_id)).changes
+        assert len(changed) == FILES
+    sequences = sorted(c.sequence for c in (target, *during, *safeties))
+    assert sequences == list(range(1, len(sequences) + 1))
+
+
+def _ulid() -> str:
+    return str(ULID())
