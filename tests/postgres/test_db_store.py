@@ -166,9 +166,12 @@ def test_delete_and_iter_digests(objects):
     assert sorted(objects.iter_digests()) == sorted(digests[1:])
 
 
-def test_a_collection_on_one_replica_is_seen_by_the_others_cache(objects, database, tmp_path):
+def test_a_collection_on_one_replica_is_seen_by_the_others_cache(pg_url, tmp_path):
     """A replica that saw an object (and remembers it) must not trust that after another
-    replica's garbage collection deleted it."""
+    replica's garbage collection deleted it. (PostgreSQL only: a SQLite file has one server.)"""
+    database = Database(pg_url)
+    database.migrate()
+    objects = a_replica(database, tmp_path, "referencing")
     with objects.referencing():
         with objects.batch() as batch:
             digest = batch.put_bytes(b"soon collected")
@@ -184,6 +187,7 @@ def test_a_collection_on_one_replica_is_seen_by_the_others_cache(objects, databa
             batch.put_bytes(b"soon collected")
     assert objects.deletions != deletions
     assert objects.read_bytes(digest) == b"soon collected"
+    database.dispose()
 
 
 def waiting_advisory_locks(database: Database) -> int:
@@ -222,3 +226,35 @@ def test_open_store_refuses_unknown_kinds(database, tmp_path):
     assert isinstance(open_store("disk", database, tmp_path), store.ContentStore)
     with pytest.raises(ValueError, match="'s3' is not a valid StoreKind"):
         open_store("s3", database, tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_that_never_stops_referencing_still_lets_a_collection_in(pg_url, tmp_path):
+    """Two threads take turns so that this replica always has a user of the fence; the waiting
+    collection on another replica must still get its turn (the fence is let go between turns)."""
+    database = Database(pg_url)
+    database.migrate()
+    busy, collector = a_replica(database, tmp_path, "busy"), a_replica(database, tmp_path, "gc")
+    collected = threading.Event()
+    overlap = threading.Semaphore(0)
+
+    def keep_referencing() -> None:
+        while not collected.is_set():
+            with busy.referencing():
+                overlap.release()
+                overlap.acquire(timeout=0.05)
+                with busy.batch() as batch:
+                    batch.put_bytes(os.urandom(64))
+
+    workers = [threading.Thread(target=keep_referencing) for _ in range(2)]
+    try:
+        for worker in workers:
+            worker.start()
+        with collector.collecting():
+            collected.set()
+    finally:
+        collected.set()
+        for worker in workers:
+            worker.join()
+        database.dispose()
+    assert collected.is_set()

@@ -20,7 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlmodel import Session, create_engine
 
 from checkpointd.core import models  # noqa: F401 - registers the tables
@@ -90,8 +90,7 @@ class Database:
             self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
             # Advisory locks live on connections of their own: a lock survives the commits of the
             # work it guards, and a waiting lock never holds a connection that work needs.
-            self._locks_engine = create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=60,
-                                               isolation_level="AUTOCOMMIT")
+            self._locks_engine = create_engine(self.url, pool_size=4, max_overflow=60, isolation_level="AUTOCOMMIT")
 
     @property
     def is_sqlite(self) -> bool:
@@ -194,7 +193,8 @@ class Database:
 
 
 class AdvisoryLock:
-    """A PostgreSQL session-level advisory lock held on its own pooled connection.
+    """A PostgreSQL session-level advisory lock held on its own pooled connection (checked
+    by use rather than by a ping: a lock statement on a dropped connection is retried once).
 
     If the server dies, PostgreSQL ends the connection and so releases the lock. ``acquire``
     and ``release`` may run on different threads (the content store's GC fence does so).
@@ -210,15 +210,24 @@ class AdvisoryLock:
     def acquire(self) -> None:
         if self._engine is None:
             return
-        connection = self._engine.connect()
-        try:
-            connection.execute(text(f"SELECT pg_advisory_lock{self._suffix}(:key)"), {"key": self._key})
-        except BaseException:
-            connection.invalidate()
-            connection.close()
-            raise
-        with self._guard:
-            self._connection = connection
+        for attempt in (1, 2):
+            connection = self._engine.connect()
+            try:
+                connection.execute(text(f"SELECT pg_advisory_lock{self._suffix}(:key)"), {"key": self._key})
+            except DBAPIError as exc:
+                connection.invalidate()
+                connection.close()
+                # A pooled connection the server dropped (a restart): once more on a new one.
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise
+            except BaseException:
+                connection.invalidate()
+                connection.close()
+                raise
+            with self._guard:
+                self._connection = connection
+            return
 
     def release(self) -> None:
         with self._guard:

@@ -8,8 +8,10 @@ caller commits before the metadata that references them. Staged objects are read
 before their batch commits. Each object is an ``objects`` row plus 1 MiB ``object_chunks``
 (one zlib-compressed chunk when that is smaller), inserted in the same transaction.
 
-The GC fence spans replicas: ``referencing`` holds a shared PostgreSQL advisory lock for as
-long as any thread of this process references objects, ``collecting`` an exclusive one.
+The GC fence spans replicas: ``referencing`` holds a shared PostgreSQL advisory lock while
+any thread of this process references objects (and a moment longer, for the next one), and
+``collecting`` an exclusive one. While a process holds the shared lock no replica can
+collect, so it trusts the digests it has seen committed without asking the database again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import errno
 import hashlib
 import os
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -41,6 +44,12 @@ _ZLIB = "Z"
 _CHUNK = 1 << 20
 #: Digests remembered as present; the set is dropped when it grows past this.
 _KNOWN_LIMIT = 500_000
+#: The replica fence stays held this long after its last user, so that back-to-back checkpoints
+#: do not each take and drop a database lock...
+_FENCE_LINGER_SECONDS = 0.2
+#: ...but once it has been held this long, new users wait for a moment with none, when it is
+#: let go, so that a collection waiting on another replica gets its turn.
+_FENCE_TURN_SECONDS = 2.0
 #: Chunk bytes sent to the database in one round trip.
 _INSERT_BUFFER = 8 << 20
 #: PostgreSQL SQLSTATE class 53: insufficient resources (disk full, out of memory, too many connections).
@@ -139,8 +148,12 @@ class DatabaseStore:
         self._staged_lock = threading.Lock()
         self._local_fence = _SharedExclusive()
         self._replica_fence = db.advisory_lock("content-store-gc", shared=True)
-        self._holders = 0
-        self._holders_lock = threading.Lock()
+        #: Guards the replica fence's state below and ``_known``.
+        self._fence = threading.Condition()
+        self._fence_users = 0
+        self._fence_held_since: float | None = None
+        self._fence_last_left = 0.0
+        self._fence_keeper: threading.Thread | None = None
         #: Digests seen committed. Trusted only while this process holds the replica fence,
         #: during which no replica can collect; forgotten when a collection happened meanwhile.
         self._known: set[str] = set()
@@ -163,43 +176,84 @@ class DatabaseStore:
         an object found to exist (and so not rewritten) cannot be collected meanwhile, by
         any replica."""
         with self._local_fence.shared():
-            self._hold_replica_fence()
+            self._enter_replica_fence()
             try:
                 yield
             finally:
-                self._release_replica_fence()
+                self._leave_replica_fence()
 
-    def _hold_replica_fence(self) -> None:
-        with self._holders_lock:
-            if self._holders == 0:
-                self._replica_fence.acquire()
-                try:
-                    epoch = self._read_gc_epoch()
-                except BaseException:
-                    self._replica_fence.release()
-                    raise
-                if epoch != self._gc_epoch:
-                    self._forget_known()
-                    if self._gc_epoch is not None:
-                        self._deletions += 1
-                    self._gc_epoch = epoch
-            self._holders += 1
+    def _enter_replica_fence(self) -> None:
+        with self._fence:
+            if self._fence_turn_is_over():
+                self._fence.wait_for(lambda: self._fence_users == 0 or self._fence_held_since is None)
+                if self._fence_turn_is_over():
+                    self._let_go_of_replica_fence()
+            if self._fence_held_since is None:
+                self._take_replica_fence()
+            self._fence_users += 1
 
-    def _release_replica_fence(self) -> None:
-        with self._holders_lock:
-            self._holders -= 1
-            if self._holders == 0:
-                self._replica_fence.release()
+    def _leave_replica_fence(self) -> None:
+        with self._fence:
+            self._fence_users -= 1
+            self._fence_last_left = time.monotonic()
+            if self._fence_users == 0:
+                self._fence.notify_all()
+
+    def _fence_turn_is_over(self) -> bool:
+        held = self._fence_held_since
+        return held is not None and time.monotonic() - held > _FENCE_TURN_SECONDS
+
+    def _take_replica_fence(self) -> None:
+        """Called with ``_fence`` held. Reads the GC epoch once the lock is granted: a change
+        means some replica collected since this process last held the fence."""
+        self._replica_fence.acquire()
+        try:
+            epoch = self._read_gc_epoch()
+        except BaseException:
+            self._replica_fence.release()
+            raise
+        if epoch != self._gc_epoch:
+            self._forget_known()
+            if self._gc_epoch is not None:
+                self._deletions += 1
+            self._gc_epoch = epoch
+        self._fence_held_since = time.monotonic()
+        if self._fence_keeper is None:
+            self._fence_keeper = threading.Thread(target=self._keep_replica_fence, name="store-fence", daemon=True)
+            self._fence_keeper.start()
+
+    def _let_go_of_replica_fence(self) -> None:
+        """Called with ``_fence`` held and no users."""
+        self._fence_held_since = None
+        self._replica_fence.release()
+        self._fence.notify_all()
+
+    def _keep_replica_fence(self) -> None:
+        """Lets go of the replica fence once it has had no user for a moment."""
+        while True:
+            with self._fence:
+                self._fence.wait_for(lambda: self._fence_held_since is not None and self._fence_users == 0)
+                idle_for = time.monotonic() - self._fence_last_left
+                if idle_for < _FENCE_LINGER_SECONDS:
+                    self._fence.wait(_FENCE_LINGER_SECONDS - idle_for)
+                    continue
+                with contextlib.suppress(Exception):
+                    self._let_go_of_replica_fence()
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[None]:
         """Held by garbage collection: no checkpoint, on any replica, is between its objects and its row."""
-        with self._local_fence.exclusive(), self.db.advisory_lock("content-store-gc"):
-            with self.db.engine.begin() as connection:
-                connection.execute(update(_state).where(_state.c.id == 1).values(gc_epoch=_state.c.gc_epoch + 1))
-            with self._holders_lock:
-                self._forget_known()
-            yield
+        with self._local_fence.exclusive():
+            with self._fence:
+                if self._fence_held_since is not None:
+                    self._let_go_of_replica_fence()
+            with self.db.advisory_lock("content-store-gc"):
+                with self.db.engine.begin() as connection:
+                    connection.execute(update(_state).where(_state.c.id == 1)
+                                       .values(gc_epoch=_state.c.gc_epoch + 1))
+                with self._fence:
+                    self._forget_known()
+                yield
 
     def _read_gc_epoch(self) -> int:
         with self.db.engine.connect() as connection:
@@ -207,9 +261,13 @@ class DatabaseStore:
 
     # -- reading ------------------------------------------------------------------------
 
+    def _seen(self, digest: str) -> bool:
+        """Known committed without asking the database (trusted while the replica fence is held)."""
+        return self._fence_held_since is not None and digest in self._known
+
     def has(self, digest: str) -> bool:
         generation = self._generation
-        if self._holders > 0 and digest in self._known:
+        if self._seen(digest):
             return True
         with self.db.engine.connect() as connection:
             found = connection.execute(select(_objects.c.digest).where(_objects.c.digest == digest)).first()
@@ -219,15 +277,15 @@ class DatabaseStore:
 
     def _remember(self, digests: list[str], generation: int) -> None:
         """Remembers digests seen committed, unless the fence was let go or ``_known`` dropped since."""
-        with self._holders_lock:
-            if self._holders == 0 or generation != self._generation:
+        with self._fence:
+            if self._fence_held_since is None or generation != self._generation:
                 return
             if len(self._known) + len(digests) > _KNOWN_LIMIT:
                 self._forget_known()
             self._known.update(digests)
 
     def _forget_known(self) -> None:
-        """Called with ``_holders_lock`` held."""
+        """Called with ``_fence`` held."""
         self._known.clear()
         self._generation += 1
 
@@ -296,7 +354,7 @@ class DatabaseStore:
         return self._deletions
 
     def delete(self, digest: str) -> None:
-        with self._holders_lock:
+        with self._fence:
             self._forget_known()
             self._deletions += 1
         with self.db.engine.begin() as connection:
@@ -405,8 +463,10 @@ class Batch:
             self.store._staged.setdefault(digest, staged)
 
     def put_bytes(self, data: bytes) -> str:
+        """Small objects are not looked up in the database (only in what this process knows):
+        inserting one that exists costs less than the round trip, and the insert skips it."""
         digest = hashlib.sha256(data).hexdigest()
-        if self.reuse(digest):
+        if digest in self._pending or self.store._seen(digest) or (len(data) > _CHUNK and self.store.has(digest)):
             return digest
         packed = zlib.compress(data, 1) if len(data) <= _CHUNK else data
         if len(packed) < len(data):
