@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -24,17 +25,23 @@ from sqlmodel import Session, col, select
 from ulid import ULID
 
 from checkpointd.core import filtering, validation
+from checkpointd.core.capture import Capturer
 from checkpointd.core.config import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
 from checkpointd.core.db import Database
 from checkpointd.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Reason
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.index import StatIndex
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, utcnow
 from checkpointd.core.restore import Restorer
-from checkpointd.core.snapshot import CaptureResult, Snapshotter, StatIndex, disk_rules
+from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
 from checkpointd.core.tree import Change, Entry, EntryKind, Trees
 from checkpointd.core.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
+from checkpointd.core.watcher import Watcher, cookie_directory
+from checkpointd.core.watcher import available as watcher_available
 from checkpointd.core.workspace import Workspace, validate_relpath
+
+log = logging.getLogger("checkpointd.engine")
 
 
 class Scope(enum.Enum):
@@ -93,6 +100,8 @@ class RollbackResult:
 class EngineSettings:
     data_dir: Path
     allowed_roots: tuple[str, ...]
+    #: Watch workspaces (inotify) so that a capture re-examines only what changed.
+    watcher: bool = True
 
 
 def _fingerprint(**fields: object) -> str:
@@ -111,7 +120,15 @@ class Checkpoints:
         self.config = config
         self.settings = settings
         self.trees = Trees(store)
-        self.snapshotter = Snapshotter(store, self.trees, StatIndex())
+        engine_dir = Path(settings.data_dir) / "engine"
+        self.snapshotter = Snapshotter(store, self.trees, StatIndex(engine_dir / "stat-index.sqlite"))
+        self.watcher: Watcher | None = None
+        if settings.watcher and watcher_available():
+            self.watcher = Watcher(cookie_directory(engine_dir / "watch-cookies"))
+        elif settings.watcher:
+            log.warning("file watching is unavailable here (needs Linux inotify and inotify_simple); "
+                        "every capture scans its whole workspace")
+        self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
         self.restorer = Restorer(store, self.trees)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -229,8 +246,7 @@ class Checkpoints:
         workspace = Workspace(plan.workspace_root)
         patterns, max_size = self._capture_settings(plan.plan_id)
         excluded = self._excluded_paths(plan.workspace_root)
-        rules = disk_rules(workspace, patterns, excluded)
-        return self.snapshotter.capture(workspace, rules, max_size, batch), patterns, excluded
+        return self.capturer.capture(workspace, patterns, excluded, max_size, batch), patterns, excluded
 
     def _new_row(self, plan: PlanRow, capture: CaptureResult | None, patterns: list[str], excluded: list[str],
                  state_digest: str | None, state_size: int, **fields: object) -> CheckpointRow:

@@ -1,32 +1,39 @@
-"""Snapshot engine: turns a workspace on disk into a stored tree.
+"""Snapshot engine: turns a workspace on disk (or a part of it) into a stored tree.
 
-A per-workspace stat index (path -> size, mtime, ctime, inode, digest), like git's
-index, means an unchanged file is never read again. A file whose mtime is too close to
-the moment it was indexed ("racily clean") is re-read, since a write in the same clock
-tick would not change its stat.
+A per-workspace stat index (see ``index``) means an unchanged file is never read again.
+A scan walks directories through file descriptors, never following links; files that
+must be read are hashed and stored by a small thread pool (reading, hashing and
+compressing release the GIL), so a first capture uses every core.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.index import Indexed, RootIndex, StatIndex
 from checkpointd.core.store import Batch, ContentStore, digest_bytes
 from checkpointd.core.tree import Entry, EntryKind, Trees
 from checkpointd.core.workspace import Workspace
 
-#: Files modified this close to their indexing are re-read on the next capture.
-RACY_WINDOW_NS = 2_000_000_000
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Names the server itself creates in a workspace (rollback's temporary files); never captured.
+TEMP_PREFIX = ".checkpointd-tmp-"
+#: A directory with at least this many files to read hands them to the thread pool.
+_PARALLEL_MIN_FILES = 8
 
 SKIP_TOO_LARGE = "FILE_TOO_LARGE"
 SKIP_UNSUPPORTED = "UNSUPPORTED_FILE_TYPE"
 SKIP_UNREADABLE = "UNREADABLE"
+
+#: Called with (relative directory path, its open fd) before a directory is listed.
+DirectoryHook = Callable[[str, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,39 +51,36 @@ class CaptureResult:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class _Indexed:
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    ino: int
-    digest: str
-    indexed_ns: int
+@dataclass(slots=True)
+class ScanTally:
+    """What one scan found, besides its tree: counts, skips, and what the index learned."""
 
-    def matches(self, st: os.stat_result) -> bool:
-        return (
-            self.size == st.st_size
-            and self.mtime_ns == st.st_mtime_ns
-            and self.ctime_ns == st.st_ctime_ns
-            and self.ino == st.st_ino
-            and st.st_mtime_ns < self.indexed_ns - RACY_WINDOW_NS
-        )
+    file_count: int = 0
+    total_size: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    fresh: dict[str, Indexed] = field(default_factory=dict)
+    #: Every regular file seen (captured or not): index entries of other paths are stale.
+    seen: set[str] = field(default_factory=set)
 
 
-class StatIndex:
-    """Remembers digests of files already stored, per workspace root."""
+def stored(batch: Batch, store: ContentStore, digest: str) -> bool:
+    """Whether ``digest`` may be referenced without writing it again (see ``Batch.reuse``;
+    other stores' batches may lack it)."""
+    reuse = getattr(batch, "reuse", None)
+    return reuse(digest) if reuse is not None else store.has(digest)
 
-    def __init__(self) -> None:
-        self._by_root: dict[str, dict[str, _Indexed]] = {}
-        self._lock = threading.Lock()
 
-    def for_root(self, root: str) -> dict[str, _Indexed]:
-        with self._lock:
-            return self._by_root.setdefault(root, {})
+def when_finished(batch: Batch, callback: Callable[[bool], None]) -> bool:
+    """Registers ``callback(committed)`` with the batch; False when the batch cannot tell."""
+    register = getattr(batch, "when_finished", None)
+    if register is None:
+        return False
+    register(callback)
+    return True
 
-    def clear(self) -> None:
-        with self._lock:
-            self._by_root.clear()
+
+def _by_path(skipped: Skipped) -> str:
+    return skipped.path
 
 
 def disk_rules(workspace: Workspace, patterns: list[str], excluded: list[str]) -> IgnoreRules:
@@ -87,97 +91,130 @@ def disk_rules(workspace: Workspace, patterns: list[str], excluded: list[str]) -
     return IgnoreRules(patterns, load, excluded)
 
 
+def file_mode(st: os.stat_result) -> int:
+    return stat.S_IMODE(st.st_mode) & 0o777
+
+
+def symlink_entry(target: str) -> Entry:
+    raw = os.fsencode(target)
+    return Entry(EntryKind.SYMLINK, 0o777, len(raw), digest_bytes(raw), target)
+
+
 class Snapshotter:
-    def __init__(self, store: ContentStore, trees: Trees, index: StatIndex) -> None:
+    def __init__(self, store: ContentStore, trees: Trees, index: StatIndex, workers: int = 0) -> None:
         self.store = store
         self.trees = trees
         self.index = index
+        self._workers = workers or min(4, (os.cpu_count() or 1) + 1)
+        self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="snapshot")
 
-    def capture(self, workspace: Workspace, rules: IgnoreRules, max_file_size: int, batch: Batch) -> CaptureResult:
-        """Stores every captured file of the workspace in ``batch``; returns the tree."""
+    def capture(self, workspace: Workspace, rules: IgnoreRules, max_file_size: int, batch: Batch,
+                on_dir: DirectoryHook | None = None) -> CaptureResult:
+        """Stores every captured file of the workspace in ``batch``; returns the tree.
+
+        The stat index learns the files read once the batch is committed.
+        """
         indexed = self.index.for_root(workspace.root)
-        result = CaptureResult(tree="")
-        now_ns = time.time_ns()
-        fresh: dict[str, _Indexed] = {}
+        tally = ScanTally()
         with workspace.root_fd() as root_fd:
-            fd = os.dup(root_fd)
-            result.tree = self._capture_dir(fd, "", rules, max_file_size, batch, indexed, fresh, now_ns, result)
-        with self.index._lock:
-            indexed.update(fresh)
-        return result
+            tree = self.scan(os.dup(root_fd), "", rules, max_file_size, batch, indexed, tally, on_dir)
+        stale = [path for path in indexed.paths() if path not in tally.seen]
+        self.remember(batch, indexed, tally.fresh, stale)
+        return CaptureResult(tree, tally.file_count, tally.total_size, sorted(tally.skipped, key=_by_path))
 
-    def _capture_dir(self, dir_fd: int, prefix: str, rules: IgnoreRules, max_size: int, batch: Batch,
-                     indexed: dict[str, _Indexed], fresh: dict[str, _Indexed], now_ns: int,
-                     result: CaptureResult) -> str:
+    @staticmethod
+    def remember(batch: Batch, indexed: RootIndex, fresh: dict[str, Indexed], stale: list[str]) -> None:
+        """Updates the stat index when ``batch`` commits (its digests are stored only then)."""
+        if (fresh or stale) and not when_finished(
+                batch, lambda committed: indexed.update(fresh, stale) if committed else None):
+            indexed.update(fresh, stale)
+
+    def scan(self, dir_fd: int, prefix: str, rules: IgnoreRules, max_size: int, batch: Batch,
+             indexed: RootIndex, tally: ScanTally, on_dir: DirectoryHook | None = None) -> str:
+        """Captures the directory open as ``dir_fd`` (closed here) at ``prefix`` ('' or 'a/b/')
+        and everything under it; returns its tree digest."""
         children: dict[str, Entry] = {}
+        to_read: list[tuple[str, str, os.stat_result]] = []
         try:
+            if on_dir is not None:
+                on_dir(prefix.rstrip("/"), dir_fd)
             with os.scandir(dir_fd) as it:
                 listing = sorted(it, key=lambda de: de.name)
             for de in listing:
                 name = de.name
-                if name.startswith(".checkpointd-tmp-"):
+                if name.startswith(TEMP_PREFIX):
                     continue
                 path = prefix + name
                 try:
                     st = de.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                mode = stat.S_IMODE(st.st_mode) & 0o777
-                if stat.S_ISDIR(st.st_mode):
+                mode = st.st_mode
+                if stat.S_ISDIR(mode):
                     if rules.ignores_entry(path, is_dir=True):
                         continue
                     try:
-                        sub_fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                        sub_fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
                     except OSError:
-                        result.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
+                        tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
                         continue
-                    subtree = self._capture_dir(sub_fd, path + "/", rules, max_size, batch, indexed, fresh,
-                                                now_ns, result)
-                    children[name] = Entry(EntryKind.DIR, mode, 0, subtree)
-                elif rules.ignores_entry(path, is_dir=False):
+                    subtree = self.scan(sub_fd, path + "/", rules, max_size, batch, indexed, tally, on_dir)
+                    children[name] = Entry(EntryKind.DIR, file_mode(st), 0, subtree)
                     continue
-                elif stat.S_ISLNK(st.st_mode):
-                    target = os.readlink(name, dir_fd=dir_fd)
-                    raw = os.fsencode(target)
-                    children[name] = Entry(EntryKind.SYMLINK, 0o777, len(raw), digest_bytes(raw), target)
-                    result.file_count += 1
-                    result.total_size += len(raw)
-                elif stat.S_ISREG(st.st_mode):
+                if stat.S_ISREG(mode):
+                    tally.seen.add(path)
+                if rules.ignores_entry(path, is_dir=False):
+                    continue
+                if stat.S_ISREG(mode):
                     if st.st_size > max_size:
-                        result.skipped.append(Skipped(path, st.st_size, SKIP_TOO_LARGE))
+                        tally.skipped.append(Skipped(path, st.st_size, SKIP_TOO_LARGE))
                         continue
-                    entry = self._capture_file(dir_fd, name, path, st, mode, batch, indexed, fresh, now_ns)
-                    if entry is None:
-                        result.skipped.append(Skipped(path, st.st_size, SKIP_UNREADABLE))
+                    known = indexed.get(path)
+                    if known is not None and known.matches(st) and stored(batch, self.store, known.digest):
+                        children[name] = Entry(EntryKind.FILE, file_mode(st), known.size, known.digest)
+                        tally.file_count += 1
+                        tally.total_size += known.size
+                    else:
+                        to_read.append((name, path, st))
+                elif stat.S_ISLNK(mode):
+                    try:
+                        entry = symlink_entry(os.readlink(name, dir_fd=dir_fd))
+                    except FileNotFoundError:
                         continue
                     children[name] = entry
-                    result.file_count += 1
-                    result.total_size += entry.size
+                    tally.file_count += 1
+                    tally.total_size += entry.size
                 else:
-                    result.skipped.append(Skipped(path, st.st_size, SKIP_UNSUPPORTED))
+                    tally.skipped.append(Skipped(path, st.st_size, SKIP_UNSUPPORTED))
+            self._read_files(dir_fd, to_read, batch, tally, children)
         finally:
             os.close(dir_fd)
         return self.trees.write(batch, children)
 
-    def _capture_file(self, dir_fd: int, name: str, path: str, st: os.stat_result, mode: int, batch: Batch,
-                      indexed: dict[str, _Indexed], fresh: dict[str, _Indexed], now_ns: int) -> Entry | None:
-        known = indexed.get(path)
-        if known is not None and known.matches(st) and self.store.has(known.digest):
-            return Entry(EntryKind.FILE, mode, known.size, known.digest)
-        try:
-            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-        except OSError:
-            return None
-        try:
-            opened = os.fstat(fd)
-            if not stat.S_ISREG(opened.st_mode):
-                return None
-            digest, size = batch.put_fd(fd, opened.st_size)
-        finally:
-            os.close(fd)
-        if size == opened.st_size:
-            fresh[path] = _Indexed(size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino, digest, now_ns)
-        return Entry(EntryKind.FILE, stat.S_IMODE(opened.st_mode) & 0o777, size, digest)
+    def _read_files(self, dir_fd: int, to_read: list[tuple[str, str, os.stat_result]], batch: Batch,
+                    tally: ScanTally, children: dict[str, Entry]) -> None:
+        if not to_read:
+            return
+        now_ns = time.time_ns()
+        names = [name for name, _, _ in to_read]
+        if len(names) >= _PARALLEL_MIN_FILES:
+            step = -(-len(names) // self._workers)
+            futures: list[Future] = [self._pool.submit(_read_files, dir_fd, names[i:i + step], batch)
+                                     for i in range(0, len(names), step)]
+            results = [result for future in futures for result in future.result()]
+        else:
+            results = _read_files(dir_fd, names, batch)
+        for (name, path, st), result in zip(to_read, results, strict=True):
+            if result is None:
+                tally.skipped.append(Skipped(path, st.st_size, SKIP_UNREADABLE))
+                continue
+            entry, opened = result
+            if entry.size == opened.st_size:
+                tally.fresh[path] = Indexed(entry.size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
+                                            entry.digest, now_ns)
+            children[name] = entry
+            tally.file_count += 1
+            tally.total_size += entry.size
 
     def capture_paths(self, workspace: Workspace, paths: list[str], batch: Batch) -> dict[str, Entry]:
         """Entries for specific paths, whatever the ignore rules and size cap say.
@@ -190,15 +227,13 @@ class Snapshotter:
             st = workspace.lstat(path)
             if st is None:
                 continue
-            mode = stat.S_IMODE(st.st_mode) & 0o777
+            mode = file_mode(st)
             parent, _, name = path.rpartition("/")
             with workspace.dir_fd(parent) as dfd:
                 if stat.S_ISDIR(st.st_mode):
                     out[path] = Entry(EntryKind.DIR, mode)
                 elif stat.S_ISLNK(st.st_mode):
-                    target = os.readlink(name, dir_fd=dfd)
-                    raw = os.fsencode(target)
-                    out[path] = Entry(EntryKind.SYMLINK, 0o777, len(raw), digest_bytes(raw), target)
+                    out[path] = symlink_entry(os.readlink(name, dir_fd=dfd))
                 elif stat.S_ISREG(st.st_mode):
                     fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
                     try:
@@ -207,3 +242,23 @@ class Snapshotter:
                         os.close(fd)
                     out[path] = Entry(EntryKind.FILE, mode, size, digest)
         return out
+
+
+def _read_files(dir_fd: int, names: list[str], batch: Batch) -> list[tuple[Entry, os.stat_result] | None]:
+    return [read_file(dir_fd, name, batch) for name in names]
+
+
+def read_file(dir_fd: int, name: str, batch: Batch) -> tuple[Entry, os.stat_result] | None:
+    """Stores one regular file's content; None when it cannot be read as a regular file."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            return None
+        digest, size = batch.put_fd(fd, opened.st_size)
+    finally:
+        os.close(fd)
+    return Entry(EntryKind.FILE, file_mode(opened), size, digest), opened

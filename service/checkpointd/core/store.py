@@ -1,10 +1,22 @@
 """Content-addressed, deduplicated object store shared by all plans.
 
-Objects are named by the SHA-256 of their content and live at ``objects/ab/cdef…``.
-Writes go through a ``Batch``: content is written to temporary files first, the file
-system is synced once, and only then are the files renamed to their final names (and
-synced again). An object under its final name is therefore always complete, and a
-caller commits metadata that references objects only after ``Batch.commit`` returns.
+Objects are named by the SHA-256 of their content. Small objects (up to 1 MiB: nearly
+every file and every tree node) are appended to pack files, ``packs/pack-NNNNNN.pack``;
+creating one file per object costs far more than writing it on most file systems, and a
+pack is made durable by a single ``fdatasync``. Larger objects are streamed to their own
+file, ``objects/ab/cdef…`` ("loose"), which is also where stores written before packs
+keep everything; both kinds are read the same way.
+
+Writes go through a ``Batch``. Its objects are readable at once but counted as stored
+(``has``) only once ``Batch.commit`` has made them durable: the pack is synced (one
+``fdatasync`` shared by every batch committing at that moment), large objects are synced
+and renamed from the staging directory to their final names. A caller commits metadata
+that references objects only after ``Batch.commit`` returns.
+
+A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
+``R`` is raw content, ``Z`` zlib, ``D`` a deletion (no body). Each pack's header carries
+the length known to be durable; on open, records past it are verified and a torn tail is
+cut off.
 """
 
 from __future__ import annotations
@@ -15,19 +27,30 @@ import ctypes.util
 import errno
 import hashlib
 import os
+import struct
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
 
 _RAW = b"R"
 _ZLIB = b"Z"
-#: Objects up to this size are compressed in memory when that makes them smaller.
+_DELETED = b"D"
+#: Objects up to this size are compressed in memory when that makes them smaller, and packed.
 _COMPRESS_LIMIT = 1 << 20
 _CHUNK = 1 << 20
+
+_PACK_MAGIC = b"CKPTPAK1"
+_PACK_HEADER = struct.Struct(">8sQ")
+_RECORD = struct.Struct(">32scI")
+#: A pack stops taking new records past this size; a new one is started.
+PACK_ROTATE_BYTES = 256 << 20
+#: How many large objects a commit syncs one by one before a whole-file-system sync is cheaper.
+_SYNCFS_THRESHOLD = 16
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -47,6 +70,34 @@ def _storage_error(exc: OSError) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"content store is full: {exc.strerror}")
     return exc
+
+
+#: Bytes that make up text; a sample with many others is taken for incompressible binary.
+_TEXT_BYTES = bytes(range(32, 127)) + b"\t\n\r\f\b"
+
+
+def _looks_incompressible(data: bytes) -> bool:
+    sample = data[:512]
+    return len(sample.translate(None, _TEXT_BYTES)) * 3 > len(sample) and len(set(sample)) > 200
+
+
+def _pack_body(data: bytes) -> tuple[bytes, bytes]:
+    """(kind, body): zlib with a window no larger than the data (cheaper to set up for small
+    objects); content that looks random is not even tried."""
+    if len(data) < 64 or _looks_incompressible(data):
+        return _RAW, data
+    wbits = max(9, min(15, (len(data) - 1).bit_length()))
+    compressor = zlib.compressobj(1, zlib.DEFLATED, wbits)
+    packed = compressor.compress(data) + compressor.flush()
+    return (_ZLIB, packed) if len(packed) < len(data) else (_RAW, data)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _SharedExclusiveLock:
@@ -83,18 +134,88 @@ class _SharedExclusiveLock:
                 self._cond.notify_all()
 
 
+@dataclass(frozen=True, slots=True)
+class _Location:
+    """Where an object's body is: a pack and offset, or (pack None) its loose file."""
+
+    pack: _Pack | None
+    offset: int = 0
+    length: int = 0
+    kind: bytes = _RAW
+
+
+class _Pack:
+    """One append-only pack file. Appends are serialized; syncs are shared (group commit)."""
+
+    def __init__(self, path: Path, number: int, fd: int, size: int, durable: int) -> None:
+        self.path = path
+        self.number = number
+        self.fd = fd
+        self.size = size
+        self.durable = durable
+        self._append_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+
+    def append(self, digest: str, kind: bytes, body: bytes) -> _Location:
+        record = _RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body
+        with self._append_lock:
+            offset = self.size
+            try:
+                written = os.pwrite(self.fd, record, offset)
+                if written != len(record):
+                    raise OSError(errno.EIO, "short write to pack")
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, offset)
+                raise _storage_error(exc) from exc
+            self.size = offset + len(record)
+        return _Location(self, offset + _RECORD.size, len(body), kind)
+
+    def sync_to(self, end: int) -> None:
+        """Makes the pack durable at least up to ``end``; one fdatasync serves every waiter."""
+        if self.durable >= end:
+            return
+        with self._sync_lock:
+            if self.durable >= end:
+                return
+            target = self.size
+            try:
+                os.fdatasync(self.fd)
+            except OSError as exc:
+                raise _storage_error(exc) from exc
+            self.durable = target
+            # A hint for recovery, made durable by the next sync: records before it need no check.
+            os.pwrite(self.fd, struct.pack(">Q", target), 8)
+
+    def read(self, location: _Location) -> bytes:
+        data = os.pread(self.fd, location.length, location.offset)
+        if len(data) != location.length:
+            raise OSError(errno.EIO, f"pack {self.path.name} is truncated")
+        return data
+
+
 class ContentStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.objects = root / "objects"
         self.staging = root / "staging"
-        self.objects.mkdir(parents=True, exist_ok=True)
-        self.staging.mkdir(parents=True, exist_ok=True)
+        self.packs_dir = root / "packs"
+        for directory in (self.objects, self.staging, self.packs_dir):
+            directory.mkdir(parents=True, exist_ok=True)
         self._clear_staging()
+        #: Committed objects: durable, counted by ``has``.
+        self._committed: dict[str, _Location] = {}
         #: Objects written by open batches, readable before they are committed.
-        self._staged: dict[str, Path] = {}
+        self._staged: dict[str, _Location] = {}
         self._staged_lock = threading.Lock()
         self._gc_fence = _SharedExclusiveLock()
+        self._packs: list[_Pack] = []
+        self._active: _Pack | None = None
+        self._pack_lock = threading.Lock()
+        #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
+        self.deletions = 0
+        self._index_loose()
+        self._open_packs()
 
     def referencing(self) -> contextlib.AbstractContextManager[None]:
         """Hold while writing objects and committing the metadata that references them:
@@ -111,11 +232,102 @@ class ContentStore:
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
 
+    def _index_loose(self) -> None:
+        loose = _Location(None)
+        for fanout in self.objects.iterdir():
+            for obj in fanout.iterdir():
+                self._committed[fanout.name + obj.name] = loose
+
+    # -- packs --------------------------------------------------------------------------
+
+    def _open_packs(self) -> None:
+        for path in sorted(self.packs_dir.glob("pack-*.pack")):
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            pack = _Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
+            self._recover(pack)
+            self._packs.append(pack)
+        if self._packs and self._packs[-1].size < PACK_ROTATE_BYTES:
+            self._active = self._packs[-1]
+
+    def _recover(self, pack: _Pack) -> None:
+        """Indexes a pack's records; past the durable hint each one is verified, and the
+        first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
+        size = os.fstat(pack.fd).st_size
+        magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
+        if magic != _PACK_MAGIC:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
+        offset = _PACK_HEADER.size
+        buffer, buffer_start = b"", offset
+        while offset + _RECORD.size <= size:
+            if offset + _RECORD.size > buffer_start + len(buffer):
+                buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
+            raw_digest, kind, length = _RECORD.unpack_from(buffer, offset - buffer_start)
+            body_at = offset + _RECORD.size
+            if kind not in (_RAW, _ZLIB, _DELETED) or body_at + length > size:
+                break
+            digest = raw_digest.hex()
+            location = _Location(pack, body_at, length, kind)
+            if body_at + length > durable_hint and kind != _DELETED and not self._verifies(digest, location):
+                break
+            if kind == _DELETED:
+                self._committed.pop(digest, None)
+            else:
+                self._committed[digest] = location
+            offset = body_at + length
+        if offset != size:
+            os.ftruncate(pack.fd, offset)
+            os.fsync(pack.fd)
+        pack.size = pack.durable = offset
+
+    def _verifies(self, digest: str, location: _Location) -> bool:
+        try:
+            return hashlib.sha256(self._unpack(location, location.pack.read(location))).hexdigest() == digest
+        except (OSError, zlib.error):
+            return False
+
+    @staticmethod
+    def _unpack(location: _Location, body: bytes) -> bytes:
+        return zlib.decompress(body) if location.kind == _ZLIB else body
+
+    def _writable_pack(self) -> _Pack:
+        active = self._active
+        if active is not None and active.size < PACK_ROTATE_BYTES:
+            return active
+        with self._pack_lock:
+            if self._active is None or self._active.size >= PACK_ROTATE_BYTES:
+                self._active = self._new_pack()
+                self._packs.append(self._active)
+            return self._active
+
+    def _new_pack(self) -> _Pack:
+        """A new, empty pack: written and synced under a staging name, then renamed into place."""
+        number = (self._packs[-1].number + 1) if self._packs else 1
+        final = self.packs_dir / f"pack-{number:06d}.pack"
+        staged = self.staging / uuid.uuid4().hex
+        try:
+            fd = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+        try:
+            os.write(fd, _PACK_HEADER.pack(_PACK_MAGIC, _PACK_HEADER.size))
+            os.fsync(fd)
+            os.rename(staged, final)
+            _fsync_dir(self.packs_dir)
+        except OSError as exc:
+            os.close(fd)
+            staged.unlink(missing_ok=True)
+            raise _storage_error(exc) from exc
+        return _Pack(final, number, fd, _PACK_HEADER.size, _PACK_HEADER.size)
+
+    # -- reading ------------------------------------------------------------------------
+
     def path_of(self, digest: str) -> Path:
+        """Where the object lives when it is loose (a large object, or a store written before packs)."""
         return self.objects / digest[:2] / digest[2:]
 
     def has(self, digest: str) -> bool:
-        return self.path_of(digest).exists()
+        """Whether the object is committed (durable) in the store."""
+        return digest in self._committed
 
     def batch(self) -> Batch:
         return Batch(self)
@@ -123,22 +335,44 @@ class ContentStore:
     def read_bytes(self, digest: str) -> bytes:
         return b"".join(self.iter_chunks(digest))
 
-    def _open(self, digest: str):
-        """Opens a committed object, or one still staged by an open batch."""
-        with self._staged_lock:
-            staged = self._staged.get(digest)
-        for candidate in (self.path_of(digest), staged, self.path_of(digest)):
-            if candidate is None:
-                continue
-            try:
-                return open(candidate, "rb")  # noqa: SIM115 - the caller closes it
-            except FileNotFoundError:
-                continue
+    def _locate(self, digest: str) -> _Location | None:
+        location = self._committed.get(digest)
+        if location is None:
+            with self._staged_lock:
+                location = self._staged.get(digest)
+        return location
+
+    def _open_loose(self, digest: str):
+        """Opens a committed loose object, or one still staged by an open batch."""
+        for _ in range(2):
+            location = self._locate(digest)
+            candidates = [self.path_of(digest)]
+            if location is not None and isinstance(location, _StagedFile):
+                candidates.insert(0, location.path)
+            for candidate in candidates:
+                try:
+                    return open(candidate, "rb")  # noqa: SIM115 - the caller closes it
+                except FileNotFoundError:
+                    continue
         raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing", digest=digest)
 
     def iter_chunks(self, digest: str) -> Iterator[bytes]:
         """Yields an object's content, verifying its digest as it goes."""
-        f = self._open(digest)
+        location = self._locate(digest)
+        if location is not None and location.pack is not None:
+            try:
+                data = self._unpack(location, location.pack.read(location))
+            except (OSError, zlib.error) as exc:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
+                               digest=digest) from exc
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+            yield data
+            return
+        yield from self._iter_loose(digest)
+
+    def _iter_loose(self, digest: str) -> Iterator[bytes]:
+        f = self._open_loose(digest)
         hasher = hashlib.sha256()
         with f:
             kind = f.read(1)
@@ -157,24 +391,53 @@ class ContentStore:
         if hasher.hexdigest() != digest:
             raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
 
+    # -- deleting -----------------------------------------------------------------------
+
     def delete(self, digest: str) -> None:
+        location = self._committed.pop(digest, None)
+        self.deletions += 1
         with contextlib.suppress(FileNotFoundError):
             self.path_of(digest).unlink()
+        if location is not None and location.pack is not None:
+            # Recorded so that a reopened store does not index it again; the bytes stay in
+            # the pack until packs are compacted.
+            self._writable_pack().append(digest, _DELETED, b"")
+
+    def stored_size(self, digest: str) -> int | None:
+        """Bytes a committed object takes in the store (compressed); None if it is not stored."""
+        location = self._committed.get(digest)
+        if location is None:
+            return None
+        if location.pack is not None:
+            return _RECORD.size + location.length
+        try:
+            return self.path_of(digest).stat().st_size
+        except FileNotFoundError:
+            return None
 
     def iter_digests(self) -> Iterator[str]:
-        for fanout in self.objects.iterdir():
-            for obj in fanout.iterdir():
-                yield fanout.name + obj.name
+        yield from list(self._committed)
+
+
+@dataclass(frozen=True, slots=True)
+class _StagedFile(_Location):
+    """A large object written to the staging directory by an open batch."""
+
+    path: Path = Path()
 
 
 class Batch:
     """Objects written together and made durable together (see module docstring)."""
 
-    _lock = threading.Lock()
+    _rename_lock = threading.Lock()
 
     def __init__(self, store: ContentStore) -> None:
         self.store = store
-        self._pending: dict[str, Path] = {}
+        self._pending: dict[str, _Location] = {}
+        self._pack_ends: dict[_Pack, int] = {}
+        self._finished: list[Callable[[bool], None]] = []
+        #: Several threads of one capture may write into the same batch.
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Batch:
         return self
@@ -185,43 +448,60 @@ class Batch:
         else:
             self.abort()
 
-    def _stage(self) -> tuple[int, Path]:
-        path = self.store.staging / uuid.uuid4().hex
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), path
-        except OSError as exc:
-            raise _storage_error(exc) from exc
+    def when_finished(self, callback: Callable[[bool], None]) -> None:
+        """Calls ``callback(committed)`` once the batch is committed (True) or aborted (False)."""
+        self._finished.append(callback)
 
-    def _keep(self, digest: str, staged: Path) -> None:
-        if digest in self._pending or self.store.has(digest):
-            staged.unlink()
-        else:
-            self._pending[digest] = staged
-            with self.store._staged_lock:
-                self.store._staged.setdefault(digest, staged)
+    def _known(self, digest: str) -> bool:
+        return digest in self._pending or digest in self.store._committed
 
-    def _forget(self) -> None:
+    def _publish(self, digest: str, location: _Location) -> bool:
+        """Records a written object; False when another thread of this batch was first."""
+        with self._lock:
+            if digest in self._pending:
+                return False
+            self._pending[digest] = location
+            if location.pack is not None:
+                end = location.offset + location.length
+                if self._pack_ends.get(location.pack, 0) < end:
+                    self._pack_ends[location.pack] = end
         with self.store._staged_lock:
-            for digest, staged in self._pending.items():
-                if self.store._staged.get(digest) == staged:
-                    del self.store._staged[digest]
-        self._pending.clear()
+            self.store._staged.setdefault(digest, location)
+        return True
 
     def put_bytes(self, data: bytes) -> str:
         digest = digest_bytes(data)
-        if digest in self._pending or self.store.has(digest):
+        if self._known(digest):
             return digest
-        packed = zlib.compress(data, 1) if len(data) <= _COMPRESS_LIMIT else data
-        body = _ZLIB + packed if len(packed) < len(data) else _RAW + data
+        if len(data) > _COMPRESS_LIMIT:
+            self._put_loose(digest, (data,))
+            return digest
+        kind, body = _pack_body(data)
+        self._put_packed(digest, kind, body)
+        return digest
+
+    def _put_packed(self, digest: str, kind: bytes, body: bytes) -> None:
+        self._publish(digest, self.store._writable_pack().append(digest, kind, body))
+
+    def _stage(self) -> tuple[int, Path]:
+        path = self.store.staging / uuid.uuid4().hex
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+
+    def _put_loose(self, digest: str, chunks) -> None:
         fd, staged = self._stage()
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(body)
+                out.write(_RAW)
+                for chunk in chunks:
+                    out.write(chunk)
         except OSError as exc:
             staged.unlink(missing_ok=True)
             raise _storage_error(exc) from exc
-        self._keep(digest, staged)
-        return digest
+        if not self._publish(digest, _StagedFile(None, path=staged)):
+            staged.unlink()
 
     def put_fd(self, src_fd: int, expected_size: int) -> tuple[str, int]:
         """Stores the content readable from ``src_fd``; returns (digest, size read)."""
@@ -242,32 +522,82 @@ class Batch:
             staged.unlink(missing_ok=True)
             raise _storage_error(exc) from exc
         digest = hasher.hexdigest()
-        self._keep(digest, staged)
+        if self._known(digest) or not self._publish(digest, _StagedFile(None, path=staged)):
+            staged.unlink()
         return digest, size
 
+    def reuse(self, digest: str) -> bool:
+        """Whether ``digest`` is already stored (committed, or written by this batch), so a
+        caller that knows the content's digest may reference it without writing it again."""
+        return self._known(digest)
+
     def commit(self) -> None:
-        if not self._pending:
-            return
-        staging_fd = os.open(self.store.staging, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            _syncfs(staging_fd)
-            with self._lock:
-                for digest, staged in self._pending.items():
-                    final = self.store.path_of(digest)
-                    final.parent.mkdir(exist_ok=True)
-                    os.replace(staged, final)
-            _syncfs(staging_fd)
-        except OSError as exc:
+            self._make_durable()
+        except BaseException:
             self.abort()
-            raise _storage_error(exc) from exc
-        finally:
-            os.close(staging_fd)
+            raise
+        committed = self.store._committed
+        for digest, location in self._pending.items():
+            committed[digest] = _Location(None) if isinstance(location, _StagedFile) else location
         self._forget()
+        self._finish(True)
+
+    def _make_durable(self) -> None:
+        for pack, end in self._pack_ends.items():
+            pack.sync_to(end)
+        loose = {digest: loc.path for digest, loc in self._pending.items() if isinstance(loc, _StagedFile)}
+        if not loose:
+            return
+        try:
+            if len(loose) > _SYNCFS_THRESHOLD:
+                staging_fd = os.open(self.store.staging, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    _syncfs(staging_fd)
+                finally:
+                    os.close(staging_fd)
+            else:
+                for staged in loose.values():
+                    fd = os.open(staged, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            fanouts = set()
+            with self._rename_lock:
+                for digest, staged in loose.items():
+                    final = self.store.path_of(digest)
+                    if not final.parent.is_dir():
+                        final.parent.mkdir(exist_ok=True)
+                        fanouts.add(self.store.objects)
+                    os.replace(staged, final)
+                    fanouts.add(final.parent)
+            for directory in fanouts:
+                _fsync_dir(directory)
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+
+    def _forget(self) -> None:
+        with self.store._staged_lock:
+            for digest, location in self._pending.items():
+                if self.store._staged.get(digest) is location:
+                    del self.store._staged[digest]
+        self._pending.clear()
+        self._pack_ends.clear()
 
     def abort(self) -> None:
-        for staged in self._pending.values():
-            staged.unlink(missing_ok=True)
+        """Drops the batch: its large objects are deleted, its packed records are left
+        unreferenced (never counted as stored) until the pack is collected."""
+        for location in self._pending.values():
+            if isinstance(location, _StagedFile):
+                location.path.unlink(missing_ok=True)
         self._forget()
+        self._finish(False)
+
+    def _finish(self, committed: bool) -> None:
+        callbacks, self._finished = self._finished, []
+        for callback in callbacks:
+            callback(committed)
 
 
 def _read_all(fd: int) -> bytes:

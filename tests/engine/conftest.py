@@ -1,0 +1,81 @@
+"""Engine fixtures: a content store with a watched capturer and a full-scan capturer side by
+side, so every watched (incremental) capture can be checked against a full scan of the
+same workspace at the same moment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from checkpointd.core import watcher as watcher_module
+from checkpointd.core.capture import Capturer
+from checkpointd.core.index import StatIndex
+from checkpointd.core.snapshot import CaptureResult, Snapshotter
+from checkpointd.core.store import ContentStore
+from checkpointd.core.tree import Trees
+from checkpointd.core.watcher import Watcher
+from checkpointd.core.workspace import Workspace
+
+
+@dataclass
+class Engines:
+    store: ContentStore
+    trees: Trees
+    watched: Capturer
+    full: Capturer
+    watcher: Watcher
+    root: Path
+    patterns: list[str]
+    max_size: int = 1 << 30
+
+    def capture(self, capturer: Capturer, patterns: list[str] | None = None) -> CaptureResult:
+        with self.store.batch() as batch:
+            return capturer.capture(Workspace(str(self.root)), self.patterns if patterns is None else patterns,
+                                    [], self.max_size, batch)
+
+    def check(self, expect: str = "incremental") -> CaptureResult:
+        """A watched capture, compared with a full scan; ``expect`` says which kind of capture
+        the watched one must have been ("incremental", "full", or "any")."""
+        before = dict(self.watched.counts)
+        watched = self.capture(self.watched)
+        reference = self.capture(self.full)
+        kind = next(k for k in self.watched.counts if self.watched.counts[k] != before[k])
+        assert (watched.tree, watched.file_count, watched.total_size, watched.skipped) == (
+            reference.tree, reference.file_count, reference.total_size, reference.skipped), (
+            f"{kind} capture differs from a full scan: "
+            f"{describe(self.trees, reference.tree, watched.tree)}")
+        if expect != "any":
+            assert kind == expect, f"expected an {expect} capture, got {kind}"
+        return watched
+
+
+def describe(trees: Trees, expected: str, actual: str) -> str:
+    return "; ".join(f"{c.path}: full scan {c.base} vs watched {c.target}"
+                     for c in list(trees.diff(expected, actual))[:10]) or "same tree, other totals"
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[Engines]:
+    if not watcher_module.available():
+        pytest.fail("inotify_simple is not installed: the watcher cannot run (see pyproject dependencies)")
+    store = ContentStore(tmp_path / "store")
+    trees = Trees(store)
+    watcher = Watcher(tmp_path / "cookies")
+    watched = Capturer(Snapshotter(store, trees, StatIndex(tmp_path / "index.sqlite")), trees, watcher)
+    full = Capturer(Snapshotter(store, trees, StatIndex()), trees, None)
+    root = tmp_path / "ws"
+    root.mkdir()
+    yield Engines(store, trees, watched, full, watcher, root, [])
+    watcher.close()
+
+
+def write(path: Path, text: str | bytes, mode: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    path.write_bytes(data)
+    if mode is not None:
+        os.chmod(path, mode)

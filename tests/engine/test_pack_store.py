@@ -1,0 +1,175 @@
+"""The pack-based content store: durability bookkeeping, crash recovery, corruption, a full
+disk, deletions; and the persisted stat index that spares a restarted server re-reading
+unchanged files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from checkpointd.core import snapshot as snapshot_module
+from checkpointd.core import store as store_module
+from checkpointd.core.errors import DataLoss, ResourceExhausted
+from checkpointd.core.index import StatIndex
+from checkpointd.core.snapshot import Snapshotter, disk_rules
+from checkpointd.core.store import ContentStore
+from checkpointd.core.tree import Trees
+from checkpointd.core.workspace import Workspace
+from tests.engine.conftest import write
+
+
+def _packs(store: ContentStore):
+    return sorted(store.packs_dir.glob("pack-*.pack"))
+
+
+def test_objects_count_as_stored_only_once_committed_and_survive_a_reopen(tmp_path):
+    store = ContentStore(tmp_path)
+    batch = store.batch()
+    digest = batch.put_bytes(b"small object " * 20)
+    assert not store.has(digest) and store.read_bytes(digest) == b"small object " * 20
+    batch.commit()
+    assert store.has(digest)
+    aborted = store.batch()
+    dropped = aborted.put_bytes(b"never committed")
+    aborted.abort()
+    assert not store.has(dropped)
+    reopened = ContentStore(tmp_path)
+    assert reopened.has(digest) and reopened.read_bytes(digest) == b"small object " * 20
+
+
+def test_a_torn_record_at_the_end_of_a_pack_is_cut_off_on_open(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        kept = [batch.put_bytes(f"object {i}".encode() * 30) for i in range(20)]
+    pack = _packs(store)[-1]
+    intact = pack.stat().st_size
+    with open(pack, "ab") as f:
+        f.write(b"\x12" * 32 + b"Z" + (5000).to_bytes(4, "big") + b"half a body")
+    reopened = ContentStore(tmp_path)
+    assert pack.stat().st_size == intact
+    assert all(reopened.read_bytes(d) == f"object {i}".encode() * 30 for i, d in enumerate(kept))
+    with reopened.batch() as batch:
+        later = batch.put_bytes(b"written after recovery")
+    assert ContentStore(tmp_path).read_bytes(later) == b"written after recovery"
+
+
+def test_an_unsynced_record_whose_content_does_not_match_its_name_is_dropped_on_open(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        good = batch.put_bytes(b"good " * 40)
+    pack = _packs(store)[-1]
+    with open(pack, "ab") as f:
+        f.write(bytes.fromhex("ab" * 32) + b"R" + (4).to_bytes(4, "big") + b"junk")
+    reopened = ContentStore(tmp_path)
+    assert not reopened.has("ab" * 32)
+    assert reopened.read_bytes(good) == b"good " * 40
+
+
+def test_corruption_of_a_packed_object_is_detected_on_read(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        digest = batch.put_bytes(bytes(range(256)) * 3)
+    pack = _packs(store)[-1]
+    data = bytearray(pack.read_bytes())
+    data[-10] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    with pytest.raises(DataLoss):
+        ContentStore(tmp_path).read_bytes(digest)
+
+
+def test_a_full_disk_while_appending_is_resource_exhausted_and_leaves_the_pack_intact(tmp_path, monkeypatch):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        before = batch.put_bytes(b"before the disk filled up")
+    size = _packs(store)[-1].stat().st_size
+    real_pwrite = store_module.os.pwrite
+
+    def full(fd, data, offset):
+        real_pwrite(fd, data[: len(data) // 2], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "pwrite", full)
+    with pytest.raises(ResourceExhausted), store.batch() as batch:
+        batch.put_bytes(b"does not fit " * 100)
+    monkeypatch.undo()
+    assert _packs(store)[-1].stat().st_size == size
+    with store.batch() as batch:
+        after = batch.put_bytes(b"after space was freed")
+    reopened = ContentStore(tmp_path)
+    assert reopened.read_bytes(before) == b"before the disk filled up"
+    assert reopened.read_bytes(after) == b"after space was freed"
+
+
+def test_deleted_objects_stay_deleted_after_a_reopen(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        doomed = batch.put_bytes(b"to be collected " * 10)
+        kept = batch.put_bytes(b"still referenced " * 10)
+    store.delete(doomed)
+    with store.batch():
+        pass
+    reopened = ContentStore(tmp_path)
+    assert not reopened.has(doomed) and reopened.has(kept)
+    assert sorted(reopened.iter_digests()) == [kept]
+
+
+def test_concurrent_batches_share_packs_and_every_committed_object_survives(tmp_path):
+    store = ContentStore(tmp_path)
+    written: list[tuple[str, bytes]] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        for i in range(30):
+            data = f"worker {n} object {i} ".encode() * (1 + i % 7)
+            with store.batch() as batch:
+                digest = batch.put_bytes(data)
+            with lock:
+                written.append((digest, data))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reopened = ContentStore(tmp_path)
+    assert all(reopened.read_bytes(digest) == data for digest, data in written)
+
+
+def test_a_restarted_server_does_not_read_unchanged_files_again(tmp_path, monkeypatch):
+    root = tmp_path / "ws"
+    for i in range(30):
+        write(root / f"d{i % 3}/f{i}.txt", f"file {i}\n")
+    an_hour_ago = time.time() - 3600
+    for path in root.rglob("*.txt"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    workspace = Workspace(str(root))
+    read: list[str] = []
+    real = snapshot_module._read_files
+
+    def spy(dir_fd, names, batch):
+        read.extend(names)
+        return real(dir_fd, names, batch)
+
+    monkeypatch.setattr(snapshot_module, "_read_files", spy)
+
+    def capture():
+        store = ContentStore(tmp_path / "store")
+        trees = Trees(store)
+        index = StatIndex(tmp_path / "index.sqlite")
+        with store.batch() as batch:
+            result = Snapshotter(store, trees, index).capture(workspace, disk_rules(workspace, [], []), 1 << 30,
+                                                              batch)
+        index.close()
+        return result
+
+    first = capture()
+    assert len(read) == 30
+    read.clear()
+    write(root / "d0/f0.txt", "changed while the server was down\n")
+    second = capture()
+    assert read == ["f0.txt"]
+    assert second.tree != first.tree and second.file_count == 30

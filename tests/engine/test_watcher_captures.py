@@ -1,0 +1,299 @@
+"""The watcher path must capture exactly what a full scan captures, whatever happened to the
+workspace between (or during) checkpoints, and must fall back to a full scan when it cannot
+vouch for completeness. Every check compares the tree digest, counts and skipped files of a
+watched capture with a full scan of the same workspace (see conftest.Engines.check)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+from pathlib import Path
+
+from checkpointd.core.snapshot import SKIP_TOO_LARGE
+from tests.engine.conftest import write
+
+
+def _populate(root: Path, dirs: int = 6, files: int = 8) -> None:
+    for d in range(dirs):
+        for f in range(files):
+            write(root / f"pkg{d}" / f"sub{d % 3}" / f"file{f}.txt", f"content {d} {f}\n")
+    write(root / "README.md", "readme\n")
+
+
+def test_edits_between_checkpoints_are_all_seen(engines):
+    _populate(engines.root)
+    engines.check(expect="full")
+    engines.check()
+    write(engines.root / "pkg0/sub0/file0.txt", "changed\n")
+    engines.check()
+    write(engines.root / "pkg1/new.txt", "new file\n")
+    (engines.root / "pkg2/sub2/file3.txt").unlink()
+    engines.check()
+    os.chmod(engines.root / "pkg3/sub0/file1.txt", 0o755)
+    os.chmod(engines.root / "pkg4", 0o750)
+    engines.check()
+    os.symlink("README.md", engines.root / "link")
+    (engines.root / "pkg5/sub2/file2.txt").unlink()
+    os.symlink("../../README.md", engines.root / "pkg5/sub2/file2.txt")
+    engines.check()
+    with open(engines.root / "pkg0/sub0/file1.txt", "r+b") as f:
+        f.truncate(0)
+    engines.check()
+    # The same size and the same second: only the content differs.
+    write(engines.root / "pkg0/sub0/file2.txt", "CONTENT 0 2\n")
+    result = engines.check()
+    assert result.file_count == 50  # 48 + README + new.txt - file3.txt + link
+
+
+def test_files_that_become_too_large_or_unsupported_are_skipped_alike(engines):
+    _populate(engines.root, dirs=2, files=2)
+    engines.max_size = 100
+    engines.check(expect="full")
+    write(engines.root / "pkg0/big.bin", b"x" * 500)
+    os.mkfifo(engines.root / "pkg1/fifo")
+    result = engines.check()
+    assert {(s.path, s.reason) for s in result.skipped} >= {("pkg0/big.bin", SKIP_TOO_LARGE)}
+    write(engines.root / "pkg0/big.bin", b"small")
+    (engines.root / "pkg1/fifo").unlink()
+    result = engines.check()
+    assert result.skipped == []
+
+
+def test_new_directories_deep_trees_and_files_added_to_them_later(engines):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    deep = engines.root / "new/a/b/c/d"
+    deep.mkdir(parents=True)
+    write(deep / "leaf.txt", "leaf\n")
+    write(engines.root / "new/a/top.txt", "top\n")
+    engines.check()
+    write(deep / "second.txt", "added after the directory was first captured\n")
+    (engines.root / "new/a/b/c/e").mkdir()
+    engines.check()
+    write(engines.root / "new/a/b/c/e/inner.txt", "inner\n")
+    engines.check()
+
+
+def test_deleting_whole_subtrees(engines):
+    _populate(engines.root)
+    engines.check(expect="full")
+    shutil.rmtree(engines.root / "pkg1")
+    shutil.rmtree(engines.root / "pkg2/sub2")
+    engines.check()
+    (engines.root / "pkg1").mkdir()
+    write(engines.root / "pkg1/sub1/back.txt", "recreated\n")
+    engines.check()
+
+
+def test_directory_renames_and_moves_in_and_out_of_the_workspace(engines, tmp_path):
+    _populate(engines.root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    engines.check(expect="full")
+    os.rename(engines.root / "pkg0", engines.root / "renamed")
+    engines.check()
+    write(engines.root / "renamed/sub0/file0.txt", "edited after the rename\n")
+    engines.check()
+    os.rename(engines.root / "pkg1", engines.root / "pkg2/nested")
+    engines.check()
+    write(engines.root / "pkg2/nested/sub1/file1.txt", "edited inside the moved directory\n")
+    engines.check()
+    os.rename(engines.root / "pkg3", outside / "pkg3")
+    engines.check()
+    write(outside / "pkg3/sub0/file0.txt", "edited outside: not part of the workspace\n")
+    engines.check()
+    os.rename(outside / "pkg3", engines.root / "back")
+    engines.check()
+    write(engines.root / "back/sub0/file1.txt", "edited after moving back in\n")
+    engines.check()
+    # A directory and a file swap names.
+    os.rename(engines.root / "pkg4", engines.root / "tmp")
+    os.rename(engines.root / "README.md", engines.root / "pkg4")
+    os.rename(engines.root / "tmp", engines.root / "README.md")
+    engines.check()
+
+
+def test_a_directory_replaced_by_another_of_the_same_name(engines):
+    _populate(engines.root, dirs=3, files=3)
+    engines.check(expect="full")
+    write(engines.root / "staging/sub9/other.txt", "the replacement's content\n")
+    engines.check()
+    shutil.rmtree(engines.root / "pkg0")
+    os.rename(engines.root / "staging", engines.root / "pkg0")
+    engines.check()
+    os.rename(engines.root / "pkg1", engines.root / "swap")
+    os.rename(engines.root / "pkg2", engines.root / "pkg1")
+    os.rename(engines.root / "swap", engines.root / "pkg2")
+    engines.check()
+
+
+def test_rename_storm(engines):
+    _populate(engines.root, dirs=8, files=10)
+    engines.check(expect="full")
+    rng = random.Random(7)
+    for round_ in range(6):
+        for step in range(150):
+            entries = [p for p in engines.root.rglob("*")]
+            source = rng.choice(entries)
+            if not source.exists():
+                continue
+            parents = [p for p in entries if p.is_dir() and p.exists() and source not in (p, *p.parents)]
+            target_dir = rng.choice(parents + [engines.root])
+            target = target_dir / f"r{round_}-{step}{source.suffix}"
+            os.rename(source, target)
+            if rng.random() < 0.2 and target.is_file():
+                write(target, f"rewritten in round {round_} step {step}\n")
+        engines.check()
+
+
+def test_gitignore_edits_at_the_root_and_deeper(engines):
+    _populate(engines.root)
+    write(engines.root / "pkg0/build/out.o", "object\n")
+    write(engines.root / ".gitignore", "build/\n")
+    engines.check(expect="full")
+    write(engines.root / ".gitignore", "build/\n*.md\n")
+    engines.check(expect="full")
+    write(engines.root / "pkg1/.gitignore", "sub1/\n")
+    write(engines.root / "pkg1/sub1/ignored.txt", "under an ignored directory\n")
+    engines.check()
+    write(engines.root / "pkg1/.gitignore", "file*.txt\n!file1.txt\n")
+    engines.check()
+    (engines.root / "pkg1/.gitignore").unlink()
+    engines.check()
+    write(engines.root / "fresh/.gitignore", "*.tmp\n")
+    write(engines.root / "fresh/a.tmp", "ignored\n")
+    write(engines.root / "fresh/a.txt", "kept\n")
+    engines.check()
+    (engines.root / ".gitignore").unlink()
+    engines.check(expect="full")
+
+
+def test_ignored_directories_are_not_watched_and_changes_there_are_ignored(engines):
+    write(engines.root / ".gitignore", "node_modules/\n")
+    write(engines.root / "node_modules/dep/index.js", "dep\n")
+    write(engines.root / "src/main.py", "main\n")
+    engines.check(expect="full")
+    watched_dirs = set(engines.watcher._journals[str(engines.root)].watches)
+    assert "node_modules" not in watched_dirs and "src" in watched_dirs
+    write(engines.root / "node_modules/dep/index.js", "changed\n")
+    write(engines.root / "node_modules/new/x.js", "new\n")
+    engines.check()
+
+
+def test_capture_settings_change_scans_everything(engines):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    engines.patterns = ["*.md"]
+    engines.check(expect="full")
+    engines.check()
+
+
+def test_queue_overflow_is_detected_and_falls_back_to_a_full_scan(engines):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    overflows = engines.watcher.overflows
+    with engines.watcher.hold_events():
+        # Each rewrite is a MODIFY and a CLOSE_WRITE; alternating files keeps them from merging.
+        for i in range(limit // 2 + 100):
+            write(engines.root / f"pkg{i % 2}/churn.txt", f"{i}\n")
+        write(engines.root / "pkg0/last.txt", "written just before the queue was drained\n")
+    engines.check(expect="full")
+    assert engines.watcher.overflows > overflows
+    engines.check()
+
+
+def test_files_changed_during_checkpoints_are_seen_by_the_next_one(engines):
+    _populate(engines.root, dirs=4, files=4)
+    engines.check(expect="full")
+    stop = threading.Event()
+
+    def churn() -> None:
+        rng = random.Random(3)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            directory = engines.root / f"pkg{rng.randrange(4)}"
+            action = rng.random()
+            if action < 0.5:
+                write(directory / f"sub{rng.randrange(3)}/w{rng.randrange(20)}.txt", f"{n}\n")
+            elif action < 0.7:
+                victims = list(directory.rglob("w*.txt"))
+                if victims:
+                    rng.choice(victims).unlink(missing_ok=True)
+            elif action < 0.85:
+                (directory / f"d{n}").mkdir()
+                write(directory / f"d{n}/x.txt", f"{n}\n")
+            else:
+                dirs = [p for p in directory.glob("d*") if p.is_dir()]
+                if dirs:
+                    shutil.rmtree(rng.choice(dirs), ignore_errors=True)
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        for _ in range(15):
+            with engines.store.batch() as batch:
+                engines.watched.capture(_workspace(engines), [], [], engines.max_size, batch)
+    finally:
+        stop.set()
+        writer.join()
+    engines.check(expect="any")
+    engines.check()
+
+
+def test_an_aborted_batch_hands_its_changes_back(engines):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    write(engines.root / "pkg0/sub0/file0.txt", "changed, then the batch is aborted\n")
+    batch = engines.store.batch()
+    engines.watched.capture(_workspace(engines), [], [], engines.max_size, batch)
+    batch.abort()
+    engines.check()
+
+
+def test_a_replaced_workspace_root_is_scanned_again(engines, tmp_path):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    os.rename(engines.root, tmp_path / "old-root")
+    engines.root.mkdir()
+    write(engines.root / "other.txt", "a different directory at the same path\n")
+    engines.check(expect="full")
+    engines.check()
+
+
+def test_a_workspace_whose_parent_is_replaced_is_scanned_again(engines, tmp_path):
+    engines.root = tmp_path / "parent" / "ws"
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    os.rename(tmp_path / "parent", tmp_path / "parent-old")
+    write(engines.root / "only-here.txt", "the new directory behind the same path\n")
+    engines.check(expect="full")
+    write(engines.root / "only-here.txt", "edited\n")
+    engines.check()
+
+
+def test_running_out_of_watches_falls_back_to_full_scans(engines, tmp_path):
+    from checkpointd.core.capture import Capturer
+    from checkpointd.core.index import StatIndex
+    from checkpointd.core.snapshot import Snapshotter
+    from checkpointd.core.watcher import Watcher
+
+    _populate(engines.root)
+    small = Watcher(tmp_path / "small-cookies", watch_budget=3)
+    try:
+        engines.watched = Capturer(Snapshotter(engines.store, engines.trees, StatIndex()), engines.trees, small)
+        engines.check(expect="full")
+        write(engines.root / "pkg0/sub0/file0.txt", "changed\n")
+        engines.check(expect="unwatched")
+        assert small.watch_count() <= 3
+    finally:
+        small.close()
+
+
+def _workspace(engines):
+    from checkpointd.core.workspace import Workspace
+
+    return Workspace(str(engines.root))
