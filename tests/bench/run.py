@@ -60,7 +60,12 @@ BUSY_LOAD_PER_CPU = 0.5
 T = TypeVar("T")
 
 
+_LOAD_SEEN: list[float] = []
+
+
 def log(message: str) -> None:
+    """Progress to stderr; also samples the machine's load, reported with the results."""
+    _LOAD_SEEN.append(os.getloadavg()[0])
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
@@ -265,8 +270,9 @@ class Run:
                 for system in self.options.systems}
         self.wait_for_deletions()
         some = next(iter(pair.values()))
-        log(f"generated {len(pair)} workspace(s) of {file_count} tracked + {some.ignored_file_count} ignored "
-            f"files ({some.total_bytes / MIB:.0f} MiB each) in {time.perf_counter() - started:.1f} s")
+        log(f"generated {len(pair)} workspace(s) of {file_count} tracked ({some.tracked_bytes / MIB:.0f} MiB) + "
+            f"{some.ignored_file_count} ignored ({some.ignored_bytes / MIB:.0f} MiB) files "
+            f"in {time.perf_counter() - started:.1f} s")
         return pair
 
     def discard(self, *paths: Path, background: bool = False) -> None:
@@ -314,7 +320,8 @@ class SizeBench:
         self.last_tree: dict[str, str] = {}
         run.workspace_facts[self.label] = {
             "tracked_files": file_count, "ignored_files": next(iter(self.workspaces.values())).ignored_file_count,
-            "bytes": next(iter(self.workspaces.values())).total_bytes}
+            "tracked_bytes": next(iter(self.workspaces.values())).tracked_bytes,
+            "ignored_bytes": next(iter(self.workspaces.values())).ignored_bytes}
 
     def workspace(self, system: str) -> Path:
         return self.workspaces[system].path
@@ -720,18 +727,22 @@ def _command_output(*command: str) -> str:
         return ""
 
 
-def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv: list[str]) -> Path:
+def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv: list[str],
+                  complete: bool) -> Path:
+    """Writes the JSON (and the table as text); also after each phase, so a long run that is
+    stopped keeps what it measured (``complete`` false until the end)."""
     options = run.options
     run.options.results_dir.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     path = options.results_dir / f"bench-{stamp}.json"
     document = {
-        "started": started.isoformat(), "finished": datetime.now(UTC).isoformat(),
+        "complete": complete, "started": started.isoformat(), "written": datetime.now(UTC).isoformat(),
         "command": [sys.executable, "-m", "tests.bench", *argv],
         "options": {key: str(value) if isinstance(value, Path) else value
                     for key, value in options.__dict__.items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "git": _command_output("git", "--version"), "load_average_at_start": run.load_at_start,
+                    "load_average_1min_max_seen": max(_LOAD_SEEN, default=None),
                     "load_average_at_end": list(os.getloadavg())},
         "repo_commit": _command_output("git", "rev-parse", "HEAD"),
         "repo_dirty": bool(_command_output("git", "status", "--porcelain", "--untracked-files=no")),
@@ -755,23 +766,26 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(options)
     log(f"scratch {run.scratch}; systems {','.join(options.systems)}; sizes {options.sizes}; "
         f"repeat {options.repeat}")
+    phases: list[Callable[[], None]] = []
+    if {"first", "incremental", "no_change", "rollback"} & set(options.metrics):
+        phases += [lambda file_count=file_count: SizeBench(run, file_count).run_all() for file_count in options.sizes]
+    if "store" in options.metrics:
+        phases.append(lambda: bench_store(run))
+    if "throughput" in options.metrics:
+        phases.append(lambda: bench_throughput(run))
     try:
-        if {"first", "incremental", "no_change", "rollback"} & set(options.metrics):
-            for file_count in options.sizes:
-                SizeBench(run, file_count).run_all()
-        if "store" in options.metrics:
-            bench_store(run)
-        if "throughput" in options.metrics:
-            bench_throughput(run)
+        for phase in phases:
+            phase()
+            write_results(run, table_rows(run.results), started, argv, complete=False)
     finally:
         run.close()
     rows = table_rows(run.results)
     print(render_table(rows))
-    path = write_results(run, rows, started, argv)
+    path = write_results(run, rows, started, argv, complete=True)
     print(f"\nresults: {path}")
     print("Medians of repeated runs, measured at the client (checkpointd: one gRPC call; git: add+commit, "
           "restore+clean). Wrong results are excluded and noted.")
-    busiest = max(run.load_at_start[0], os.getloadavg()[0])
+    busiest = max(run.load_at_start[0], os.getloadavg()[0], *_LOAD_SEEN)
     if busiest > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1):
         print(f"WARNING: the machine was busy (1-min load average up to {busiest:.1f} on {os.cpu_count()} CPUs); "
               "other work competed with both systems, so absolute figures are noisy.")

@@ -67,7 +67,8 @@ class GeneratedWorkspace:
     tracked_files: list[str]
     text_files: list[str]
     ignored_file_count: int
-    total_bytes: int
+    tracked_bytes: int
+    ignored_bytes: int
     directories: list[str] = field(default_factory=list)
 
 
@@ -145,7 +146,8 @@ def generate_workspace(path: Path, file_count: int, seed: int) -> GeneratedWorks
     tracked: list[str] = []
     text_files: list[str] = []
     directories: list[str] = []
-    total_bytes = 0
+    tracked_bytes = len(GITIGNORE_TEXT)
+    ignored_bytes = 0
 
     (path / ".gitignore").write_text(GITIGNORE_TEXT)
     tracked.append(".gitignore")
@@ -163,7 +165,7 @@ def generate_workspace(path: Path, file_count: int, seed: int) -> GeneratedWorks
             tracked.append(relative)
             if not is_binary:
                 text_files.append(relative)
-            total_bytes += len(body)
+            tracked_bytes += len(body)
 
     ignored_count = file_count // 2
     package_index = 0
@@ -179,13 +181,13 @@ def generate_workspace(path: Path, file_count: int, seed: int) -> GeneratedWorks
                 relative = f"{directory}/{rng.choice(_WORDS)}_{index}.{'node' if is_binary else 'js'}"
                 body = maker.binary(size) if is_binary else maker.text(relative, size)
                 _write(path / relative, body, executable=False)
-                total_bytes += len(body)
+                ignored_bytes += len(body)
         remaining -= package_files
         package_index += 1
 
     tracked.sort()
     text_files.sort()
-    return GeneratedWorkspace(path, tracked, text_files, ignored_count, total_bytes, directories)
+    return GeneratedWorkspace(path, tracked, text_files, ignored_count, tracked_bytes, ignored_bytes, directories)
 
 
 @dataclass(frozen=True)
