@@ -41,10 +41,28 @@ def test_large_objects_stream_and_round_trip(tmp_path):
     assert store.read_bytes(digest) == big.read_bytes()
 
 
-def test_corruption_is_detected_on_read(tmp_path):
+def test_corruption_of_a_packed_object_is_detected_on_read(tmp_path):
     store = ContentStore(tmp_path)
+    payload = bytes(range(256)) * 4
     with store.batch() as batch:
-        digest = batch.put_bytes(b"precious bytes" * 10)
+        digest = batch.put_bytes(payload)
+    store.close()
+    [pack] = list((tmp_path / "packs").iterdir())
+    raw = pack.read_bytes()
+    offset = raw.index(payload[:64])
+    pack.write_bytes(raw[:offset] + bytes([raw[offset] ^ 0xFF]) + raw[offset + 1:])
+    with pytest.raises(DataLoss):
+        ContentStore(tmp_path).read_bytes(digest)
+
+
+def test_corruption_or_loss_of_a_large_object_is_detected_on_read(tmp_path):
+    store = ContentStore(tmp_path)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(2 << 20))
+    fd = os.open(big, os.O_RDONLY)
+    with store.batch() as batch:
+        digest, _ = batch.put_fd(fd, big.stat().st_size)
+    os.close(fd)
     path = store.path_of(digest)
     path.write_bytes(b"R" + b"tampered")
     with pytest.raises(DataLoss):
