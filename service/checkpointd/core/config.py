@@ -99,6 +99,10 @@ ON_UNAVAILABLE = "core.checkpoints.on_unavailable"
 CLIENT_DEADLINE_MS = "core.checkpoints.client_deadline_ms"
 IGNORE_PATTERNS = "core.snapshot.ignore_patterns"
 MAX_FILE_SIZE_BYTES = "core.snapshot.max_file_size_bytes"
+RETENTION_MAX_CHECKPOINTS = "core.retention.max_checkpoints_per_plan"
+RETENTION_MAX_AGE_SECONDS = "core.retention.max_age_seconds"
+RETENTION_SAFETY_MAX_AGE_SECONDS = "core.retention.safety_max_age_seconds"
+_TEN_YEARS_SECONDS = 10 * 366 * 24 * 3600
 
 REGISTRY: dict[str, ConfigKey] = {
     key.name: key
@@ -135,6 +139,28 @@ REGISTRY: dict[str, ConfigKey] = {
             64 * 1024 * 1024,
             "Files larger than this many bytes are recorded as skipped instead of captured (0 to 2^40).",
             _integer(0, 1 << 40),
+        ),
+        ConfigKey(
+            RETENTION_MAX_CHECKPOINTS,
+            0,
+            "Retention: keep at most this many checkpoints per plan, newest first; older ones are pruned by the "
+            "server's periodic GC. 0 keeps all. Pinned checkpoints (label pinned=true) and rollback safety "
+            "checkpoints are not counted and never pruned by this rule.",
+            _integer(0, 1_000_000),
+        ),
+        ConfigKey(
+            RETENTION_MAX_AGE_SECONDS,
+            0,
+            "Retention: prune checkpoints older than this many seconds. 0 keeps them forever. A plan's newest "
+            "checkpoint, pinned checkpoints and rollback safety checkpoints are never pruned by this rule.",
+            _integer(0, _TEN_YEARS_SECONDS),
+        ),
+        ConfigKey(
+            RETENTION_SAFETY_MAX_AGE_SECONDS,
+            0,
+            "Retention of rollback safety checkpoints: prune them once older than this many seconds. 0 keeps "
+            "them forever. Pinned ones are never pruned.",
+            _integer(0, _TEN_YEARS_SECONDS),
         ),
     )
 }

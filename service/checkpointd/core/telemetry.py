@@ -1,0 +1,74 @@
+"""Metrics facade for the domain: the core reports events here and knows nothing of how
+they are exported. The defaults do nothing; the server binds a Prometheus-backed sink at
+start-up (checkpointd.metrics). Imports nothing from grpc or prometheus on purpose.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What one garbage collection did (or, on a dry run, would do)."""
+
+    deleted_objects: int = 0
+    #: Bytes the deleted objects accounted for (see core.retention.object_sizes).
+    reclaimed_bytes: int = 0
+    #: What the store holds afterwards (see core.retention.store_footprint).
+    store_objects: int = 0
+    store_bytes: int = 0
+    duration_seconds: float = 0.0
+    dry_run: bool = False
+
+
+class Sink:
+    """Receives domain events. Every method is a no-op here; subclasses export them."""
+
+    def watcher_fallback(self, reason: str) -> None:
+        """A file watcher could not vouch for a workspace and a full scan ran instead.
+
+        ``reason`` must come from a small fixed set (it becomes a metric label).
+        """
+
+    def checkpoints_pruned(self, rule: str, count: int) -> None:
+        """Retention deleted ``count`` checkpoints under ``rule`` (see core.retention.Rule)."""
+
+    def garbage_collected(self, report: GcReport) -> None:
+        """A garbage collection finished; also carries the store's size after it."""
+
+
+_sink: Sink = Sink()
+_bind_lock = threading.Lock()
+
+
+def bind(sink: Sink) -> None:
+    """Routes every later event to ``sink`` (the server does this once at start-up)."""
+    global _sink
+    with _bind_lock:
+        _sink = sink
+
+
+def unbind(sink: Sink) -> None:
+    """Back to the no-op sink, if ``sink`` is still the bound one."""
+    global _sink
+    with _bind_lock:
+        if _sink is sink:
+            _sink = Sink()
+
+
+def sink() -> Sink:
+    return _sink
+
+
+def watcher_fallback(reason: str) -> None:
+    _sink.watcher_fallback(reason)
+
+
+def checkpoints_pruned(rule: str, count: int) -> None:
+    _sink.checkpoints_pruned(rule, count)
+
+
+def garbage_collected(report: GcReport) -> None:
+    _sink.garbage_collected(report)
