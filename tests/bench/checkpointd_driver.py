@@ -91,9 +91,9 @@ class CheckpointdServer:
                 self._process.wait()
         self._process = None
 
-    def wait_for_idle(self) -> BackgroundWork:
+    def wait_for_idle(self, quiet_seconds: float = 1.0) -> BackgroundWork:
         """How long the server kept a CPU busy after its last answer (see wait_for_idle_cpu)."""
-        return wait_for_idle_cpu(self.pid)
+        return wait_for_idle_cpu(self.pid, quiet_seconds=quiet_seconds)
 
     def store_size_bytes(self) -> int:
         return disk_usage_bytes(self.data_dir)
