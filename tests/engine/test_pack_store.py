@@ -150,9 +150,9 @@ def test_a_restarted_server_does_not_read_unchanged_files_again(tmp_path, monkey
     read: list[str] = []
     real = snapshot_module._read_files
 
-    def spy(dir_fd, names, batch):
+    def spy(dir_fd, names, batch, *rest):
         read.extend(names)
-        return real(dir_fd, names, batch)
+        return real(dir_fd, names, batch, *rest)
 
     monkeypatch.setattr(snapshot_module, "_read_files", spy)
 
@@ -173,3 +173,25 @@ def test_a_restarted_server_does_not_read_unchanged_files_again(tmp_path, monkey
     second = capture()
     assert read == ["f0.txt"]
     assert second.tree != first.tree and second.file_count == 30
+
+
+def test_a_mostly_deleted_pack_is_compacted_and_its_live_objects_survive(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 4096)
+    store = ContentStore(tmp_path)
+    contents = {}
+    for i in range(12):
+        with store.batch() as batch:
+            data = f"object {i} ".encode() * 60 + os.urandom(1500)
+            contents[batch.put_bytes(data)] = data
+    first_pack = _packs(store)[0]
+    in_first = [d for d, loc in store._committed.items() if loc.pack.path == first_pack]
+    assert len(_packs(store)) > 1 and len(in_first) > 2
+    survivor = in_first[0]
+    for digest in in_first[1:]:
+        store.delete(digest)
+        del contents[digest]
+    assert not first_pack.exists()
+    assert store.read_bytes(survivor) == contents[survivor]
+    reopened = ContentStore(tmp_path)
+    assert sorted(reopened.iter_digests()) == sorted(contents)
+    assert all(reopened.read_bytes(d) == data for d, data in contents.items())

@@ -106,6 +106,9 @@ class StatIndex:
                 db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
+                # Keep the write-ahead log small: it counts against the data dir's size.
+                db.execute("PRAGMA wal_autocheckpoint=256")
+                db.execute("PRAGMA journal_size_limit=1048576")
                 db.executescript(_SCHEMA)
                 db.execute("SELECT count(*) FROM roots").fetchone()
                 return db

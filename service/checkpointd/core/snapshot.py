@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -132,9 +133,19 @@ class Snapshotter:
     def scan(self, dir_fd: int, prefix: str, rules: IgnoreRules, max_size: int, batch: Batch,
              indexed: RootIndex, tally: ScanTally, on_dir: DirectoryHook | None = None) -> str:
         """Captures the directory open as ``dir_fd`` (closed here) at ``prefix`` ('' or 'a/b/')
-        and everything under it; returns its tree digest."""
-        children: dict[str, Entry] = {}
-        to_read: list[tuple[str, str, os.stat_result]] = []
+        and everything under it; returns its tree digest.
+
+        The walk hands files to read to the thread pool and goes on walking; tree nodes are
+        written afterwards, bottom-up, as the reads complete."""
+        walked = self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir)
+        return self._build(walked, batch, tally)
+
+    def _walk(self, dir_fd: int, prefix: str, rules: IgnoreRules, max_size: int, batch: Batch,
+              indexed: RootIndex, tally: ScanTally, on_dir: DirectoryHook | None) -> _Walked:
+        walked = _Walked()
+        children = walked.children
+        to_read = walked.to_read
+        handed_over = False
         try:
             if on_dir is not None:
                 on_dir(prefix.rstrip("/"), dir_fd)
@@ -158,8 +169,8 @@ class Snapshotter:
                     except OSError:
                         tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
                         continue
-                    subtree = self.scan(sub_fd, path + "/", rules, max_size, batch, indexed, tally, on_dir)
-                    children[name] = Entry(EntryKind.DIR, file_mode(st), 0, subtree)
+                    sub = self._walk(sub_fd, path + "/", rules, max_size, batch, indexed, tally, on_dir)
+                    walked.subdirs.append((name, file_mode(st), sub))
                     continue
                 if stat.S_ISREG(mode):
                     tally.seen.add(path)
@@ -186,35 +197,40 @@ class Snapshotter:
                     tally.total_size += entry.size
                 else:
                     tally.skipped.append(Skipped(path, st.st_size, SKIP_UNSUPPORTED))
-            self._read_files(dir_fd, to_read, batch, tally, children)
+            walked.read_at = time.time_ns()
+            names = [name for name, _, _ in to_read]
+            if len(names) >= _PARALLEL_MIN_FILES:
+                step = -(-len(names) // self._workers)
+                chunks = [names[i:i + step] for i in range(0, len(names), step)]
+                closer = _CloseWhenDone(dir_fd, len(chunks))
+                handed_over = True
+                walked.futures = [self._pool.submit(_read_files, dir_fd, chunk, batch, closer) for chunk in chunks]
+            elif names:
+                walked.results = _read_files(dir_fd, names, batch)
         finally:
-            os.close(dir_fd)
-        return self.trees.write(batch, children)
+            if not handed_over:
+                os.close(dir_fd)
+        return walked
 
-    def _read_files(self, dir_fd: int, to_read: list[tuple[str, str, os.stat_result]], batch: Batch,
-                    tally: ScanTally, children: dict[str, Entry]) -> None:
-        if not to_read:
-            return
-        now_ns = time.time_ns()
-        names = [name for name, _, _ in to_read]
-        if len(names) >= _PARALLEL_MIN_FILES:
-            step = -(-len(names) // self._workers)
-            futures: list[Future] = [self._pool.submit(_read_files, dir_fd, names[i:i + step], batch)
-                                     for i in range(0, len(names), step)]
-            results = [result for future in futures for result in future.result()]
-        else:
-            results = _read_files(dir_fd, names, batch)
-        for (name, path, st), result in zip(to_read, results, strict=True):
+    def _build(self, walked: _Walked, batch: Batch, tally: ScanTally) -> str:
+        children = walked.children
+        for name, mode, sub in walked.subdirs:
+            children[name] = Entry(EntryKind.DIR, mode, 0, self._build(sub, batch, tally))
+        results = walked.results
+        if walked.futures:
+            results = [result for future in walked.futures for result in future.result()]
+        for (name, path, st), result in zip(walked.to_read, results, strict=True):
             if result is None:
                 tally.skipped.append(Skipped(path, st.st_size, SKIP_UNREADABLE))
                 continue
             entry, opened = result
             if entry.size == opened.st_size:
                 tally.fresh[path] = Indexed(entry.size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
-                                            entry.digest, now_ns)
+                                            entry.digest, walked.read_at)
             children[name] = entry
             tally.file_count += 1
             tally.total_size += entry.size
+        return self.trees.write(batch, children)
 
     def capture_paths(self, workspace: Workspace, paths: list[str], batch: Batch) -> dict[str, Entry]:
         """Entries for specific paths, whatever the ignore rules and size cap say.
@@ -244,8 +260,43 @@ class Snapshotter:
         return out
 
 
-def _read_files(dir_fd: int, names: list[str], batch: Batch) -> list[tuple[Entry, os.stat_result] | None]:
-    return [read_file(dir_fd, name, batch) for name in names]
+class _Walked:
+    """One directory as walked: entries known at once, files being read, subdirectories."""
+
+    __slots__ = ("children", "to_read", "subdirs", "futures", "results", "read_at")
+
+    def __init__(self) -> None:
+        self.children: dict[str, Entry] = {}
+        self.to_read: list[tuple[str, str, os.stat_result]] = []
+        self.subdirs: list[tuple[str, int, _Walked]] = []
+        self.futures: list[Future] = []
+        self.results: list[tuple[Entry, os.stat_result] | None] = []
+        self.read_at = 0
+
+
+class _CloseWhenDone:
+    """Closes a directory fd once every chunk of reads from it has finished."""
+
+    def __init__(self, fd: int, chunks: int) -> None:
+        self._fd = fd
+        self._left = chunks
+        self._lock = threading.Lock()
+
+    def done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            os.close(self._fd)
+
+
+def _read_files(dir_fd: int, names: list[str], batch: Batch,
+                closer: _CloseWhenDone | None = None) -> list[tuple[Entry, os.stat_result] | None]:
+    try:
+        return [read_file(dir_fd, name, batch) for name in names]
+    finally:
+        if closer is not None:
+            closer.done()
 
 
 def read_file(dir_fd: int, name: str, batch: Batch) -> tuple[Entry, os.stat_result] | None:

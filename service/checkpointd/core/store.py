@@ -26,6 +26,7 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import logging
 import os
 import struct
 import threading
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
+
+log = logging.getLogger("checkpointd.store")
 
 _RAW = b"R"
 _ZLIB = b"Z"
@@ -212,6 +215,10 @@ class ContentStore:
         self._packs: list[_Pack] = []
         self._active: _Pack | None = None
         self._pack_lock = threading.Lock()
+        #: Bytes of records in each pack that nothing indexes any more (deleted or superseded).
+        self._dead: dict[_Pack, int] = {}
+        #: Compacted packs, already unlinked; their fds stay open for reads still in flight.
+        self._retired: list[_Pack] = []
         #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
         self.deletions = 0
         self._index_loose()
@@ -269,9 +276,10 @@ class ContentStore:
             location = _Location(pack, body_at, length, kind)
             if body_at + length > durable_hint and kind != _DELETED and not self._verifies(digest, location):
                 break
-            if kind == _DELETED:
-                self._committed.pop(digest, None)
-            else:
+            previous = self._committed.pop(digest, None) if kind == _DELETED else self._committed.get(digest)
+            if previous is not None and previous.pack is not None:
+                self._dead[previous.pack] = self._dead.get(previous.pack, 0) + _RECORD.size + previous.length
+            if kind != _DELETED:
                 self._committed[digest] = location
             offset = body_at + length
         if offset != size:
@@ -399,9 +407,40 @@ class ContentStore:
         with contextlib.suppress(FileNotFoundError):
             self.path_of(digest).unlink()
         if location is not None and location.pack is not None:
-            # Recorded so that a reopened store does not index it again; the bytes stay in
-            # the pack until packs are compacted.
+            # Recorded so that a reopened store does not index it again.
             self._writable_pack().append(digest, _DELETED, b"")
+            pack = location.pack
+            self._dead[pack] = self._dead.get(pack, 0) + _RECORD.size + location.length
+            if pack is not self._active and self._dead[pack] * 2 > pack.size:
+                self._compact(pack)
+
+    def _compact(self, pack: _Pack) -> None:
+        """Moves a mostly dead pack's live records to the active pack, then removes it. Called
+        by ``delete``, that is under ``collecting()``: no batch is between writing and committing."""
+        moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
+        target = self._writable_pack()
+        moved = {digest: target.append(digest, location.kind, pack.read(location)) for digest, location in moving}
+        target.sync_to(target.size)
+        for digest, location in moved.items():
+            if self._committed.get(digest) is not None:
+                self._committed[digest] = location
+        with self._pack_lock:
+            for old in self._retired:
+                os.close(old.fd)
+            self._retired = [pack]
+            self._packs.remove(pack)
+            self._dead.pop(pack, None)
+        pack.path.unlink(missing_ok=True)
+        _fsync_dir(self.packs_dir)
+        log.info("compacted %s: %d live object(s) moved", pack.path.name, len(moved))
+
+    def close(self) -> None:
+        """Closes the pack files (the store is unusable afterwards)."""
+        with self._pack_lock:
+            for pack in [*self._packs, *self._retired]:
+                with contextlib.suppress(OSError):
+                    os.close(pack.fd)
+            self._packs, self._retired, self._active = [], [], None
 
     def stored_size(self, digest: str) -> int | None:
         """Bytes a committed object takes in the store (compressed); None if it is not stored."""
@@ -506,7 +545,7 @@ class Batch:
     def put_fd(self, src_fd: int, expected_size: int) -> tuple[str, int]:
         """Stores the content readable from ``src_fd``; returns (digest, size read)."""
         if expected_size <= _COMPRESS_LIMIT:
-            data = _read_all(src_fd)
+            data = _read_all(src_fd, expected_size)
             return self.put_bytes(data), len(data)
         hasher = hashlib.sha256()
         size = 0
@@ -539,6 +578,7 @@ class Batch:
             raise
         committed = self.store._committed
         for digest, location in self._pending.items():
+            self._count_dead(committed.get(digest))
             committed[digest] = _Location(None) if isinstance(location, _StagedFile) else location
         self._forget()
         self._finish(True)
@@ -591,8 +631,15 @@ class Batch:
         for location in self._pending.values():
             if isinstance(location, _StagedFile):
                 location.path.unlink(missing_ok=True)
+            else:
+                self._count_dead(location)
         self._forget()
         self._finish(False)
+
+    def _count_dead(self, location: _Location | None) -> None:
+        if location is not None and location.pack is not None:
+            dead = self.store._dead
+            dead[location.pack] = dead.get(location.pack, 0) + _RECORD.size + location.length
 
     def _finish(self, committed: bool) -> None:
         callbacks, self._finished = self._finished, []
@@ -600,8 +647,12 @@ class Batch:
             callback(committed)
 
 
-def _read_all(fd: int) -> bytes:
-    parts = []
+def _read_all(fd: int, expected_size: int = _CHUNK) -> bytes:
+    """Everything readable from ``fd``; one read when the file has the size it was expected to."""
+    first = os.read(fd, expected_size + 1)
+    if len(first) == expected_size:
+        return first
+    parts = [first]
     while chunk := os.read(fd, _CHUNK):
         parts.append(chunk)
     return b"".join(parts)

@@ -171,6 +171,9 @@ class Watcher:
                 self.overflows += 1
                 for journal in self._journals.values():
                     journal.full = "the event queue overflowed"
+                # Cookies may have been dropped: nobody waits for them, everyone scans fully.
+                for waiter in self._cookies.values():
+                    waiter.set()
                 continue
             if wd == self._cookie_wd:
                 waiter = self._cookies.get(name)
@@ -305,8 +308,9 @@ class Watcher:
     # -- capturing ------------------------------------------------------------------------
 
     def sync(self, timeout: float = SYNC_TIMEOUT_SECONDS) -> bool:
-        """Returns once every event that happened before the call has been handled; False
-        (after ``timeout``) when that could not be established."""
+        """Returns once every event that happened before the call has been handled (or the
+        queue overflowed, which marks every journal full); False (after ``timeout``) when
+        that could not be established."""
         name = uuid.uuid4().hex
         arrived = threading.Event()
         with self._lock:
@@ -314,6 +318,13 @@ class Watcher:
         path = self._cookie_dir / name
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            # inotify queues an event within the system call that causes it, so the cookie's is
+            # already queued: read it here rather than wait for the reader thread to be scheduled.
+            with self._reading:
+                data = self._drain()
+                if data:
+                    with self._lock:
+                        self._handle(parse_events(data))
             return arrived.wait(timeout)
         except OSError as exc:
             log.warning("watch sync failed: %s", exc)
