@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sqlalchemy import func
@@ -28,18 +28,29 @@ from checkpointd.core import filtering, validation
 from checkpointd.core.capture import Capturer
 from checkpointd.core.config import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
 from checkpointd.core.db import Database
-from checkpointd.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Reason
+from checkpointd.core.errors import (
+    CheckpointdError,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Reason,
+    ResourceExhausted,
+)
+from checkpointd.core.faults import Point, crash_point
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.index import StatIndex
+from checkpointd.core.journal import Goal, JournalEntry, RollbackJournal, new_temp_tag
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, utcnow
-from checkpointd.core.restore import Restorer
+from checkpointd.core.restore import ApplyInterrupted, Restorer
 from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
 from checkpointd.core.tree import Change, Entry, EntryKind, Trees
 from checkpointd.core.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
 from checkpointd.core.watcher import Watcher, cookie_directory
 from checkpointd.core.watcher import available as watcher_available
-from checkpointd.core.workspace import Workspace, validate_relpath
+from checkpointd.core.workspace import UnsafePath, Workspace, validate_relpath
 
 log = logging.getLogger("checkpointd.engine")
 
@@ -133,6 +144,8 @@ class Checkpoints:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
+        self.journal = RollbackJournal(Path(settings.data_dir) / "rollback-journal")
+        self.recover_interrupted_rollbacks()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -292,6 +305,7 @@ class Checkpoints:
             with self.store.batch() as batch:
                 capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
                 state_digest = batch.put_bytes(req.state) if req.state else None
+            crash_point(Point.CREATE_CAPTURED)
             row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
                                 phase=phase.value, trigger=trigger.value, source_tool=req.source_tool,
                                 description=req.description, labels=labels)
@@ -301,6 +315,7 @@ class Checkpoints:
             if winner is not None:
                 return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
             session.commit()
+            crash_point(Point.CREATE_COMMITTED)
             return Checkpoint(row)
 
     def get(self, checkpoint_id: str, with_state: bool = False) -> Checkpoint:
@@ -395,6 +410,14 @@ class Checkpoints:
         return IgnoreRules(row.ignore_patterns, load, row.excluded_paths)
 
     def rollback(self, req: RollbackRequest) -> RollbackResult:
+        """Restores files and/or state to a checkpoint.
+
+        Order of durability: the journal entry, then the safety checkpoint and the request_id's
+        record (one transaction), then the workspace changes, then the entry goes. A process that
+        dies in between finishes the rollback when it starts again (recover_interrupted_rollbacks),
+        or drops the entry if the safety checkpoint never committed (then nothing had changed);
+        a rollback that fails part-way is undone before its error is returned.
+        """
         plan_id = validation.plan_id(req.plan_id)
         checkpoint_id = validation.checkpoint_id(req.checkpoint_id)
         subset = self._subset(req.paths)
@@ -421,42 +444,199 @@ class Checkpoints:
                                          "the plan's workspace root changed since this checkpoint",
                                          workspace_root=target.workspace_root or "",
                                          plan_workspace_root=plan.workspace_root or "")
+            if not req.dry_run:
+                self._supersede_interrupted(plan_id)
             changes: list[Change] = []
             with self.store.batch() as batch:
                 capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
                 if capture is not None and restore_files:
-                    workspace = Workspace(plan.workspace_root)
-                    uncaptured = self.restorer.find_uncaptured(workspace, capture.tree, target.tree_digest, subset)
-                    if uncaptured:
-                        extra = self.snapshotter.capture_paths(workspace, uncaptured, batch)
-                        capture.tree = self.trees.apply(batch, capture.tree, extra)
-                        capture.file_count += sum(e.kind is not EntryKind.DIR for e in extra.values())
-                        capture.total_size += sum(e.size for e in extra.values())
-                        capture.skipped = [s for s in capture.skipped if s.path not in extra]
-                    changes = self.restorer.plan(workspace, capture.tree, target.tree_digest,
-                                                 self._target_rules(target),
-                                                 {s[0] for s in target.skipped}, subset)
+                    changes = self._plan_restore(plan.workspace_root, capture, target, subset, batch)
                 if req.dry_run:
                     batch.abort()
                     return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True)
                 state_digest, state_size = self._safety_state(session, plan_id, req.current_state, batch)
+            crash_point(Point.ROLLBACK_PLANNED)
             safety = self._new_row(plan, capture, patterns, excluded, state_digest, state_size,
                                    phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,
                                    source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
                                    labels={"rollback_target": checkpoint_id},
                                    rollback_target_checkpoint_id=checkpoint_id)
             self._insert(session, plan, safety)
-            session.commit()
-            if changes:
-                self.restorer.apply(Workspace(plan.workspace_root), changes)
             winner = self._record_operation(session, request_id, "Rollback", fingerprint,
                                             {"safety_checkpoint_id": safety.checkpoint_id,
                                              "changes": [_change_json(c) for c in changes]})
             if winner is not None:
                 return self._replay_rollback(session, winner, target, req.scope)
-            session.commit()
+            entry = None
+            if changes:
+                entry = JournalEntry(
+                    plan_id=plan_id, workspace_root=plan.workspace_root, target_checkpoint_id=checkpoint_id,
+                    safety_checkpoint_id=safety.checkpoint_id, safety_tree=safety.tree_digest, paths=subset,
+                    temp_tag=new_temp_tag(), directories=_written_directories(changes), request_id=request_id)
+                self.journal.write(entry)
+            try:
+                session.commit()
+            except BaseException:
+                self.journal.remove(plan_id)
+                raise
+            crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
+            if entry is not None:
+                self._apply_journaled(entry, changes)
             return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety),
                                   False)
+
+    def _plan_restore(self, root: str, capture: CaptureResult, goal: CheckpointRow, subset: tuple[str, ...],
+                      batch: Batch) -> list[Change]:
+        """The changes that bring ``subset`` of the workspace to ``goal``; first adds to ``capture``
+        whatever they would replace that the capture left out (ignored or skipped now)."""
+        workspace = Workspace(root)
+        try:
+            uncaptured = self.restorer.find_uncaptured(workspace, capture.tree, goal.tree_digest, subset)
+            if uncaptured:
+                extra = self.snapshotter.capture_paths(workspace, uncaptured, batch)
+                capture.tree = self.trees.apply(batch, capture.tree, extra)
+                capture.file_count += sum(e.kind is not EntryKind.DIR for e in extra.values())
+                capture.total_size += sum(e.size for e in extra.values())
+                capture.skipped = [s for s in capture.skipped if s.path not in extra]
+            return self.restorer.plan(workspace, capture.tree, goal.tree_digest, self._target_rules(goal),
+                                      {s[0] for s in goal.skipped}, subset)
+        except (UnsafePath, FileNotFoundError, NotADirectoryError) as exc:
+            raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
+                                     f"the workspace changed while the rollback was being planned ({exc}); "
+                                     "nothing was changed", path=str(exc)[:512]) from exc
+
+    def _apply_journaled(self, entry: JournalEntry, changes: list[Change]) -> None:
+        """Applies ``changes`` (their journal entry is durable); on failure undoes them and raises."""
+        try:
+            self.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes)
+        except ApplyInterrupted as interrupted:
+            raise self._undo_interrupted(entry, interrupted) from interrupted
+        crash_point(Point.ROLLBACK_APPLIED)
+        self.journal.remove(entry.plan_id)
+
+    def _undo_interrupted(self, entry: JournalEntry, interrupted: ApplyInterrupted) -> CheckpointdError:
+        """Takes back a rollback that stopped part-way; returns the error to report."""
+        log.warning("rollback of plan %s to %s stopped at %r (%s); undoing it", entry.plan_id,
+                    entry.target_checkpoint_id, interrupted.path, interrupted.why)
+        self._forget_operation(entry.request_id)
+        undo = replace(entry, goal=Goal.UNDO)
+        self.journal.write(undo)
+        where = f"rollback to {entry.target_checkpoint_id} stopped at {interrupted.path!r} ({interrupted.why})"
+        try:
+            self._resume(undo)
+        except (CheckpointdError, ApplyInterrupted, OSError) as undo_failure:
+            log.error("undoing the interrupted rollback of plan %s failed (%s); safety checkpoint %s holds the "
+                      "workspace as it was; the undo is retried when the server starts", entry.plan_id,
+                      undo_failure, entry.safety_checkpoint_id)
+            return FailedPrecondition(
+                Reason.ROLLBACK_CONFLICT,
+                f"{where} and undoing it failed too ({undo_failure}): the workspace is partly restored; safety "
+                f"checkpoint {entry.safety_checkpoint_id} holds it as it was before, and the undo is retried "
+                "when the server restarts", path=interrupted.path, safety_checkpoint_id=entry.safety_checkpoint_id)
+        cause = interrupted.cause
+        if interrupted.disk_full:
+            return ResourceExhausted(Reason.STORAGE_EXHAUSTED,
+                                     f"{where}: the workspace's disk is full; the rollback was undone",
+                                     path=interrupted.path)
+        if isinstance(cause, DataLoss):
+            return DataLoss(cause.reason, f"{where}; the rollback was undone", **cause.metadata)
+        return FailedPrecondition(Reason.ROLLBACK_CONFLICT, f"{where}; the rollback was undone, nothing was changed",
+                                  path=interrupted.path)
+
+    def _resume(self, entry: JournalEntry) -> None:
+        """Brings the paths an interrupted rollback covers to its goal (the target, or for an undo
+        the safety checkpoint), then drops its journal entry. If the workspace is no longer what
+        the journaled safety checkpoint holds (the rollback got part-way, or someone wrote since),
+        it is recorded as a new safety checkpoint first. Called with the plan's lock held."""
+        workspace = Workspace(entry.workspace_root, entry.temp_tag)
+        for directory in entry.directories:
+            workspace.remove_temp_files(directory, entry.temp_tag)
+        with self.store.referencing(), self.db.session() as session:
+            if session.get(CheckpointRow, entry.safety_checkpoint_id) is None:
+                log.info("the rollback of plan %s to %s stopped before its safety checkpoint committed; nothing "
+                         "had changed", entry.plan_id, entry.target_checkpoint_id)
+                self.journal.remove(entry.plan_id)
+                return
+            plan = session.get(PlanRow, entry.plan_id)
+            goal = session.get(CheckpointRow, entry.goal_checkpoint_id)
+            if plan is None or goal is None or not goal.tree_digest or plan.workspace_root != entry.workspace_root:
+                log.warning("dropping the rollback journal of plan %s: checkpoint %s or the workspace is gone",
+                            entry.plan_id, entry.goal_checkpoint_id)
+                self.journal.remove(entry.plan_id)
+                return
+            with self.store.batch() as batch:
+                capture, patterns, excluded = self._capture(plan, batch)
+                changes = self._plan_restore(plan.workspace_root, capture, goal, entry.paths, batch)
+                record = bool(changes) and capture.tree != entry.safety_tree
+                state_digest, state_size = (self._safety_state(session, entry.plan_id, b"", batch) if record
+                                            else (None, 0))
+            if record:
+                verb = "finishing" if entry.goal is Goal.COMPLETE else "undoing"
+                safety = self._new_row(plan, capture, patterns, excluded, state_digest, state_size,
+                                       phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,
+                                       source_tool="checkpointd",
+                                       description=f"before {verb} the interrupted rollback to "
+                                                   f"{entry.target_checkpoint_id}",
+                                       labels={"rollback_target": goal.checkpoint_id},
+                                       rollback_target_checkpoint_id=goal.checkpoint_id)
+                self._insert(session, plan, safety)
+                session.commit()
+            if changes:
+                self.restorer.apply(workspace, changes)
+        crash_point(Point.ROLLBACK_APPLIED)
+        self.journal.remove(entry.plan_id)
+
+    def _supersede_interrupted(self, plan_id: str) -> None:
+        """A new rollback takes over from one left unfinished: its own safety checkpoint records
+        the workspace as it is, so the old entry is dropped (with its temporary files)."""
+        entry = self._journal_entry(plan_id)
+        if entry is None:
+            return
+        log.warning("a new rollback of plan %s supersedes the unfinished rollback to %s (safety checkpoint %s)",
+                    plan_id, entry.target_checkpoint_id, entry.safety_checkpoint_id)
+        workspace = Workspace(entry.workspace_root)
+        for directory in entry.directories:
+            workspace.remove_temp_files(directory, entry.temp_tag)
+        self.journal.remove(plan_id)
+
+    def _journal_entry(self, plan_id: str) -> JournalEntry | None:
+        try:
+            return self.journal.get(plan_id)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("the rollback journal of plan %s is unreadable (%s); dropping it", plan_id, exc)
+            self.journal.remove(plan_id)
+            return None
+
+    def _forget_operation(self, request_id: str) -> None:
+        """A rollback that did not happen must not be replayed as done."""
+        if not request_id:
+            return
+        with self.db.session() as session:
+            op = session.get(OperationRow, request_id)
+            if op is not None and op.method == "Rollback":
+                session.delete(op)
+                session.commit()
+
+    def recover_interrupted_rollbacks(self) -> list[str]:
+        """Finishes (or undoes) the rollbacks a previous process left part-way. Runs before the
+        server serves. Returns the plans it could not finish: their journal stays for the next start."""
+        stuck = []
+        for plan_id in self.journal.plan_ids():
+            with self._plan_lock(plan_id):
+                entry = self._journal_entry(plan_id)
+                if entry is None:
+                    continue
+                log.warning("finishing the interrupted rollback of plan %s (goal: %s checkpoint %s)", plan_id,
+                            entry.goal.value, entry.goal_checkpoint_id)
+                try:
+                    self._resume(entry)
+                except (CheckpointdError, ApplyInterrupted, OSError) as exc:
+                    log.error("could not finish the interrupted rollback of plan %s (%s); safety checkpoint %s "
+                              "holds the workspace as it was before it; retried at the next start", plan_id, exc,
+                              entry.safety_checkpoint_id)
+                    self._forget_operation(entry.request_id)
+                    stuck.append(plan_id)
+        return stuck
 
     def _safety_state(self, session: Session, plan_id: str, current: bytes, batch: Batch) -> tuple[str | None, int]:
         if current:
@@ -471,6 +651,11 @@ class Checkpoints:
         changes = [_change_from_json(c) for c in op.result["changes"]]
         return RollbackResult(changes, self._state(target) if scope.state else b"",
                               Checkpoint(safety) if safety else None, False)
+
+
+def _written_directories(changes: list[Change]) -> tuple[str, ...]:
+    """Where applying ``changes`` creates temporary files: the parents of what it writes."""
+    return tuple(sorted({c.path.rpartition("/")[0] for c in changes if c.target is not None}))
 
 
 def _change_json(change: Change) -> list[object]:

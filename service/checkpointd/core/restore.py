@@ -6,13 +6,20 @@ accounts for — paths the target's own ignore rules would have captured and did
 Anything else (ignored then, too large then, ignored now and absent then) stays. Every
 path it will overwrite or delete is captured into the safety checkpoint first, even if
 the current ignore rules leave it out.
+
+Planning changes nothing, so a conflict found then leaves the workspace as it was. Applying
+can still fail part-way (a directory swapped for a symlink meanwhile, a full disk, corrupt
+content): that raises ``ApplyInterrupted`` and the caller finishes or undoes the rollback
+through its journal.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Collection
 
-from checkpointd.core.errors import FailedPrecondition, Reason
+from checkpointd.core.errors import CheckpointdError, FailedPrecondition, Reason
+from checkpointd.core.faults import Point, crash_point
 from checkpointd.core.ignore import IgnoreRules
 from checkpointd.core.store import ContentStore
 from checkpointd.core.tree import Change, EntryKind, Trees
@@ -30,6 +37,20 @@ def _ancestor_of_scope(path: str, subset: Collection[str]) -> bool:
 def _conflict(path: str, why: str) -> FailedPrecondition:
     return FailedPrecondition(Reason.ROLLBACK_CONFLICT, f"cannot roll back {path!r}: {why}; nothing was changed",
                               path=path)
+
+
+class ApplyInterrupted(Exception):
+    """Applying stopped at ``path``: the changes before it are made, the rest are not."""
+
+    def __init__(self, path: str, why: str, cause: BaseException) -> None:
+        super().__init__(f"{path!r}: {why}")
+        self.path = path
+        self.why = why
+        self.cause = cause
+
+    @property
+    def disk_full(self) -> bool:
+        return isinstance(self.cause, OSError) and self.cause.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _removes_base(change: Change) -> bool:
@@ -93,27 +114,58 @@ class Restorer:
                 and (base is None or base.kind is not target.kind))
 
     def apply(self, workspace: Workspace, changes: list[Change]) -> None:
-        for change in sorted(filter(_removes_base, changes), key=_depth, reverse=True):
+        """Removes what goes (deepest first), creates directories, writes files and links, then
+        sets directory modes. Idempotent: applying the same changes again finishes a partial run."""
+        for step, change in self._steps(changes):
+            crash_point(Point.RESTORE_CHANGE)
             try:
-                if change.base.kind is EntryKind.DIR:
-                    if not workspace.remove_empty_dir(change.path) and change.target is not None:
-                        raise _conflict(change.path, "the directory is not empty")
-                else:
-                    workspace.remove(change.path)
+                step(workspace, change)
             except UnsafePath as exc:
-                raise _conflict(change.path, "a parent changed into a symlink or file during rollback") from exc
+                raise ApplyInterrupted(change.path, "a parent or the path itself was swapped for a symlink, "
+                                                    "file or directory during the rollback", exc) from exc
+            except _NotEmpty as exc:
+                raise ApplyInterrupted(change.path, "the directory is no longer empty", exc) from exc
+            except OSError as exc:
+                raise ApplyInterrupted(change.path, exc.strerror or str(exc), exc) from exc
+            except CheckpointdError as exc:
+                raise ApplyInterrupted(change.path, exc.message, exc) from exc
+
+    def _steps(self, changes: list[Change]):
+        for change in sorted(filter(_removes_base, changes), key=_depth, reverse=True):
+            yield self._remove, change
         writes = [c for c in changes if c.target is not None]
         dirs = [c for c in writes if c.target.kind is EntryKind.DIR]
         for change in sorted(dirs, key=_depth):
-            workspace.make_dir(change.path, change.target.mode)
+            yield self._make_dir, change
         for change in writes:
-            target = change.target
-            try:
-                if target.kind is EntryKind.FILE:
-                    workspace.write_file(change.path, self.store.iter_chunks(target.digest), target.mode)
-                elif target.kind is EntryKind.SYMLINK:
-                    workspace.write_symlink(change.path, target.target)
-            except UnsafePath as exc:
-                raise _conflict(change.path, "a parent changed into a symlink or file during rollback") from exc
+            if change.target.kind is not EntryKind.DIR:
+                yield self._write, change
         for change in sorted(dirs, key=_depth, reverse=True):
-            workspace.set_dir_mode(change.path, change.target.mode)
+            yield self._set_dir_mode, change
+
+    @staticmethod
+    def _remove(workspace: Workspace, change: Change) -> None:
+        if change.base.kind is EntryKind.DIR:
+            if not workspace.remove_empty_dir(change.path) and change.target is not None:
+                raise _NotEmpty(change.path)
+        else:
+            workspace.remove(change.path)
+
+    @staticmethod
+    def _make_dir(workspace: Workspace, change: Change) -> None:
+        workspace.make_dir(change.path, change.target.mode)
+
+    def _write(self, workspace: Workspace, change: Change) -> None:
+        target = change.target
+        if target.kind is EntryKind.FILE:
+            workspace.write_file(change.path, self.store.iter_chunks(target.digest), target.mode)
+        else:
+            workspace.write_symlink(change.path, target.target)
+
+    @staticmethod
+    def _set_dir_mode(workspace: Workspace, change: Change) -> None:
+        workspace.set_dir_mode(change.path, change.target.mode)
+
+
+class _NotEmpty(Exception):
+    """A directory that must be replaced still holds something."""

@@ -1,9 +1,12 @@
 """Confined access to one workspace directory.
 
-Every operation walks from the root's file descriptor one component at a time with
-O_NOFOLLOW, so no read or write can be redirected outside the root by a symlink, by
-``..`` or by a directory swapped in mid-operation. Files are replaced atomically
-(temporary name in the same directory, fsync, rename).
+Every operation walks one component at a time with O_NOFOLLOW - from ``/`` to the root
+(whose stored path is already resolved, so it has no symlink to follow), then from the root
+to the path - so no read or write can be redirected outside the root by a symlink, by ``..``
+or by a directory swapped in mid-operation, whether inside the workspace or above it. Files
+are replaced atomically (temporary name in the same directory, fsync, rename); the rename
+replaces a symlink itself, never what it points to, and never writes into a hard-linked
+inode.
 """
 
 from __future__ import annotations
@@ -16,9 +19,14 @@ import uuid
 from collections.abc import Iterable, Iterator
 
 from checkpointd.core.errors import FailedPrecondition, InvalidArgument, Reason
+from checkpointd.core.faults import Point, crash_point
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_TEMP_PREFIX = ".checkpointd-tmp-"
+#: The one name prefix the server creates in workspaces; captures never include such names.
+TEMP_PREFIX = ".checkpointd-tmp-"
+#: errno values meaning "a path component is not the directory it was": a symlink or file
+#: where a directory was expected, or a directory where a file was.
+_SWAPPED = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
 
 
 class UnsafePath(Exception):
@@ -40,18 +48,36 @@ def is_under(path: str, prefixes: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
+def _open_no_symlinks(path: str) -> int:
+    """An fd of the directory at absolute ``path``, refusing a symlink at any component."""
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for part in filter(None, path.split("/")):
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Workspace:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, temp_tag: str = "") -> None:
+        #: An absolute path without symlinks (as stored for a plan: resolved when it was set).
         self.root = root
+        #: Names this workspace's temporary files, so that they can be found after a crash.
+        self.temp_tag = temp_tag
 
     @contextlib.contextmanager
     def root_fd(self) -> Iterator[int]:
         try:
-            fd = os.open(self.root, _DIR_FLAGS)
+            fd = _open_no_symlinks(self.root)
         except OSError as exc:
+            why = "a component is now a symlink" if exc.errno == errno.ELOOP else exc.strerror
             raise FailedPrecondition(
                 Reason.WORKSPACE_UNAVAILABLE,
-                f"workspace root {self.root} is not an accessible directory: {exc.strerror}",
+                f"workspace root {self.root} is not an accessible directory: {why}",
                 workspace_root=self.root,
             ) from exc
         try:
@@ -88,6 +114,7 @@ class Workspace:
 
     def read_small(self, path: str, limit: int = 1 << 20) -> bytes | None:
         """A regular file's content (None when absent, not regular, or larger than limit)."""
+        crash_point(Point.WORKSPACE_READ)
         parent, _, name = path.rpartition("/")
         try:
             with self.dir_fd(parent) as dfd:
@@ -108,15 +135,21 @@ class Workspace:
             return []
 
     def make_dir(self, path: str, mode: int) -> None:
+        """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode."""
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as fd:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
-            except FileExistsError:
-                st = os.lstat(name, dir_fd=fd)
-                if not stat.S_ISDIR(st.st_mode):
-                    raise UnsafePath(path) from None
-            os.chmod(name, mode | 0o700, dir_fd=fd, follow_symlinks=False)
+            try:
+                created = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in _SWAPPED:
+                    raise UnsafePath(path) from exc
+                raise
+            try:
+                os.fchmod(created, mode | 0o700)
+            finally:
+                os.close(created)
 
     def set_dir_mode(self, path: str, mode: int) -> None:
         with self.dir_fd(path) as fd:
@@ -125,7 +158,7 @@ class Workspace:
     def write_file(self, path: str, chunks: Iterable[bytes], mode: int) -> None:
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as dfd:
-            temp = f"{_TEMP_PREFIX}{uuid.uuid4().hex}"
+            temp = self._temp_name()
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=dfd)
             try:
@@ -135,6 +168,7 @@ class Workspace:
                     out.flush()
                     os.fchmod(out.fileno(), mode)
                     os.fsync(out.fileno())
+                crash_point(Point.WORKSPACE_WRITE)
                 self._replace(temp, name, dfd)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
@@ -144,7 +178,7 @@ class Workspace:
     def write_symlink(self, path: str, target: str) -> None:
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as dfd:
-            temp = f"{_TEMP_PREFIX}{uuid.uuid4().hex}"
+            temp = self._temp_name()
             os.symlink(target, temp, dir_fd=dfd)
             try:
                 self._replace(temp, name, dfd)
@@ -153,14 +187,38 @@ class Workspace:
                     os.unlink(temp, dir_fd=dfd)
                 raise
 
+    def _temp_name(self) -> str:
+        tag = f"{self.temp_tag}-" if self.temp_tag else ""
+        return f"{TEMP_PREFIX}{tag}{uuid.uuid4().hex}"
+
     @staticmethod
     def _replace(temp: str, name: str, dfd: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(name, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
                 raise UnsafePath(name)
-        os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        try:
+            os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in _SWAPPED:
+                raise UnsafePath(name) from exc
+            raise
         os.fsync(dfd)
+
+    def remove_temp_files(self, directory: str, temp_tag: str) -> int:
+        """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
+        prefix = f"{TEMP_PREFIX}{temp_tag}-"
+        removed = 0
+        try:
+            with self.dir_fd(directory) as fd:
+                for name in os.listdir(fd):
+                    if name.startswith(prefix):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=fd)
+                            removed += 1
+        except (FileNotFoundError, UnsafePath):
+            return removed
+        return removed
 
     def remove(self, path: str) -> None:
         """Removes a file or symlink (never a directory)."""
@@ -179,5 +237,7 @@ class Workspace:
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
+            if exc.errno == errno.ENOTDIR:
+                raise UnsafePath(path) from exc
             raise
         return True
