@@ -258,3 +258,32 @@ def test_a_replica_that_never_stops_referencing_still_lets_a_collection_in(pg_ur
             worker.join()
         database.dispose()
     assert collected.is_set()
+
+
+def test_stored_size_counts_the_stored_bytes(objects):
+    with objects.batch() as batch:
+        compressible = batch.put_bytes(b"z" * 100_000)
+        raw = batch.put_bytes(incompressible(MIB + 3))
+    assert 0 < objects.stored_size(compressible) < 100_000
+    assert objects.stored_size(raw) == MIB + 3
+    assert objects.stored_size("0" * 64) is None
+
+
+def held_advisory_locks(database: Database) -> int:
+    with database.engine.connect() as connection:
+        return connection.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                                       "AND database = (SELECT oid FROM pg_database WHERE datname = "
+                                       "current_database())")).scalar()
+
+
+def test_close_lets_go_of_the_replica_fence_at_once(pg_url, tmp_path):
+    database = Database(pg_url)
+    database.migrate()
+    objects = a_replica(database, tmp_path, "closing")
+    try:
+        with objects.referencing():
+            assert held_advisory_locks(database) == 1
+        objects.close()
+        assert held_advisory_locks(database) == 0
+    finally:
+        database.dispose()

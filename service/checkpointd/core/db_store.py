@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -154,6 +154,7 @@ class DatabaseStore:
         self._fence_held_since: float | None = None
         self._fence_last_left = 0.0
         self._fence_keeper: threading.Thread | None = None
+        self._closed = False
         #: Digests seen committed. Trusted only while this process holds the replica fence,
         #: during which no replica can collect; forgotten when a collection happened meanwhile.
         self._known: set[str] = set()
@@ -232,7 +233,10 @@ class DatabaseStore:
         """Lets go of the replica fence once it has had no user for a moment."""
         while True:
             with self._fence:
-                self._fence.wait_for(lambda: self._fence_held_since is not None and self._fence_users == 0)
+                self._fence.wait_for(lambda: self._closed or (self._fence_held_since is not None
+                                                              and self._fence_users == 0))
+                if self._closed:
+                    return
                 idle_for = time.monotonic() - self._fence_last_left
                 if idle_for < _FENCE_LINGER_SECONDS:
                     self._fence.wait(_FENCE_LINGER_SECONDS - idle_for)
@@ -360,6 +364,23 @@ class DatabaseStore:
         with self.db.engine.begin() as connection:
             connection.execute(delete(_objects).where(_objects.c.digest == digest))
             connection.execute(delete(_chunks).where(_chunks.c.digest == digest))
+
+    def stored_size(self, digest: str) -> int | None:
+        """Bytes a committed object takes in the store (its chunks, compressed); None if it is not stored."""
+        query = (select(func.sum(func.length(_chunks.c.data)))
+                 .where(_chunks.c.digest == digest, select(_objects.c.digest)
+                        .where(_objects.c.digest == digest).exists()))
+        with self.db.engine.connect() as connection:
+            size = connection.execute(query).scalar()
+        return None if size is None else int(size)
+
+    def close(self) -> None:
+        """Lets go of the replica fence (the store is unusable afterwards)."""
+        with self._fence:
+            self._closed = True
+            if self._fence_held_since is not None and self._fence_users == 0:
+                self._let_go_of_replica_fence()
+            self._fence.notify_all()
 
     def iter_digests(self) -> Iterator[str]:
         with self.db.engine.connect() as connection:
