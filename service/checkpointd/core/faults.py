@@ -8,6 +8,9 @@ Every point is a no-op unless the server process was started with one of these v
 - ``CHECKPOINTD_SLOW_AT="NAME:SECONDS"``: sleep that long every time NAME is reached.
 - ``CHECKPOINTD_UNAVAILABLE_AT="NAME:COUNT"``: the first COUNT times NAME is reached, fail the
   call with UNAVAILABLE (reason SHUTTING_DOWN, metadata fault=NAME).
+- ``CHECKPOINTD_PAUSE_AT="NAME:N"``: the Nth time NAME is reached, create
+  ``$CHECKPOINTD_FAULT_DIR/paused.NAME`` and wait (at most a minute) until the test creates
+  ``$CHECKPOINTD_FAULT_DIR/resume.NAME``: a race made deterministic.
 
 Point names are a closed list (``POINTS``); a variable naming anything else, or a malformed
 value, stops the server at import time rather than silently testing nothing.
@@ -21,6 +24,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from checkpointd.core.errors import Reason, Unavailable
 
@@ -56,6 +60,11 @@ class Action(enum.Enum):
     CRASH = "CHECKPOINTD_CRASH_AT"
     SLOW = "CHECKPOINTD_SLOW_AT"
     UNAVAILABLE = "CHECKPOINTD_UNAVAILABLE_AT"
+    PAUSE = "CHECKPOINTD_PAUSE_AT"
+
+
+FAULT_DIR_VARIABLE = "CHECKPOINTD_FAULT_DIR"
+PAUSE_LIMIT_SECONDS = 60.0
 
 
 @dataclass
@@ -80,6 +89,8 @@ def _parse(environ: dict[str, str]) -> dict[Point, list[_Fault]]:
                 raise FaultSpecError(f"{action.value}={item!r}: the number must be a non-negative "
                                      f"{'duration' if action is Action.SLOW else 'integer'}")
             faults.setdefault(point, []).append(_Fault(action, value))
+    if Action.PAUSE.value in environ and not environ.get(FAULT_DIR_VARIABLE):
+        raise FaultSpecError(f"{Action.PAUSE.value} needs {FAULT_DIR_VARIABLE}, the directory of its handshake files")
     return faults
 
 
@@ -109,3 +120,14 @@ def crash_point(point: Point) -> None:
         elif fault.action is Action.UNAVAILABLE and hits <= fault.value:
             raise Unavailable(Reason.SHUTTING_DOWN, f"fault injected at {point.value}: unavailable",
                               fault=point.value)
+        elif fault.action is Action.PAUSE and hits == fault.value:
+            _pause(point)
+
+
+def _pause(point: Point) -> None:
+    directory = Path(os.environ[FAULT_DIR_VARIABLE])
+    (directory / f"paused.{point.value}").touch()
+    resume = directory / f"resume.{point.value}"
+    deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
+    while not resume.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
