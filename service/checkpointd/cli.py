@@ -1,5 +1,6 @@
-"""The ``checkpointd`` command line. Every serve option can also come from a
-``CHECKPOINTD_*`` environment variable; the flag wins."""
+"""The ``checkpointd`` command line: ``serve`` runs the server; ``ls``, ``show``, ``diff``,
+``rollback``, ``config`` and friends talk to a running one (see checkpointd.commands).
+Every serve option can also come from a ``CHECKPOINTD_*`` environment variable; the flag wins."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ import sys
 import threading
 from pathlib import Path
 
-DEFAULT_TCP = "127.0.0.1:50051"
-
-
-def _default_data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "checkpointd"
+from checkpointd.commands import register_commands
+from checkpointd.defaults import DEFAULT_TCP, SOCKET_NAME, default_data_dir
+from checkpointd.logging_setup import LogFormat
+from checkpointd.logging_setup import configure as configure_logging
+from checkpointd.serve_options import STARTUP_ERRORS, add_operations_options, operations_settings
 
 
 def _env_list(name: str, separator: str) -> list[str]:
     return [v for v in os.environ.get(name, "").split(separator) if v]
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {text!r}")
+    return text == "on"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
              f"(comma-separated). Default: {DEFAULT_TCP} and unix://DATA_DIR/checkpointd.sock",
     )
     serve.add_argument(
-        "--data-dir", type=Path, default=os.environ.get("CHECKPOINTD_DATA_DIR") or _default_data_dir(),
+        "--data-dir", type=Path, default=default_data_dir(),
         help="directory for the SQLite metadata database and the content store. Env CHECKPOINTD_DATA_DIR",
     )
     serve.add_argument(
@@ -63,32 +69,58 @@ def build_parser() -> argparse.ArgumentParser:
         help="where checkpoint content lives: 'disk' (DATA_DIR/store) or 'db' (in the database, so replicas "
              "sharing one PostgreSQL need no shared file system). Env CHECKPOINTD_STORE",
     )
+    serve.add_argument(
+        "--watcher", type=_on_off, metavar="{on,off}", default=os.environ.get("CHECKPOINTD_WATCHER", "on"),
+        help="watch workspaces (inotify) so that a checkpoint re-examines only what changed; 'off' scans the "
+             "whole workspace at every checkpoint. Env CHECKPOINTD_WATCHER",
+    )
     serve.add_argument("--grace-seconds", type=float, default=float(os.environ.get("CHECKPOINTD_GRACE_SECONDS", 30)),
                        help="how long a shutdown waits for in-flight calls. Env CHECKPOINTD_GRACE_SECONDS")
     serve.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
                        help="logging level. Env CHECKPOINTD_LOG_LEVEL")
+    add_operations_options(serve)
+    register_commands(commands)
     return parser
 
 
-def serve(args: argparse.Namespace) -> int:
-    from checkpointd.server import CheckpointdServer, ServerSettings
+def server_settings(args: argparse.Namespace):
+    """The ServerSettings that ``serve`` runs with, flags first, then CHECKPOINTD_* variables."""
+    from checkpointd.server import ServerSettings
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     data_dir = Path(args.data_dir).expanduser().resolve()
-    listen = args.listen or _env_list("CHECKPOINTD_LISTEN", ",") or [DEFAULT_TCP, f"unix://{data_dir}/checkpointd.sock"]
+    listen = args.listen or _env_list("CHECKPOINTD_LISTEN", ",") or [DEFAULT_TCP, f"unix://{data_dir}/{SOCKET_NAME}"]
     roots = args.workspace_root or _env_list("CHECKPOINTD_WORKSPACE_ROOT", os.pathsep) or [os.getcwd()]
-    settings = ServerSettings(
+    return ServerSettings(
         listen=tuple(listen),
         data_dir=data_dir,
         workspace_roots=tuple(os.path.abspath(r) for r in roots),
         db_url=args.db_url,
         store=args.store,
+        watcher=args.watcher,
         grace_seconds=args.grace_seconds,
+        **operations_settings(args),
     )
+
+
+def serve(args: argparse.Namespace) -> int:
+    from checkpointd.server import CheckpointdServer
+
+    configure_logging(args.log_level, LogFormat(args.log_format))
+    settings = server_settings(args)
     server = CheckpointdServer(settings)
     server.start()
-    print(f"checkpointd ready: listening on {' '.join(server.addresses)}; data dir {data_dir}; "
+    if server.metrics_address:
+        print(f"checkpointd metrics: http://{server.metrics_address}/metrics", flush=True)
+    print(f"checkpointd ready: listening on {' '.join(server.addresses)}; data dir {settings.data_dir}; "
           f"workspace roots {' '.join(settings.workspace_roots)}", flush=True)
+
+    install_signal_handlers(server)
+    server.wait()
+    return 0
+
+
+def install_signal_handlers(server) -> None:
+    """SIGTERM/SIGINT start a graceful drain on another thread (see CheckpointdServer.stop)."""
 
     def shutdown(signum, _frame) -> None:
         logging.getLogger("checkpointd").info("received %s, draining", signal.Signals(signum).name)
@@ -96,16 +128,17 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
-    server.wait()
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    match args.command:
-        case "serve":
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        try:
             return serve(args)
-    raise AssertionError(f"unhandled command {args.command}")
+        except STARTUP_ERRORS as exc:
+            parser.exit(2, f"checkpointd serve: error: {exc}\n")
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Assembles the gRPC server: services, health, reflection, listeners, graceful drain."""
+"""Assembles the gRPC server: services, health, reflection, listeners and their security,
+metrics, periodic retention + GC, graceful drain."""
 
 from __future__ import annotations
 
@@ -21,13 +22,20 @@ from checkpoint.v1 import (
     config_service_pb2,
     config_service_pb2_grpc,
 )
+from checkpointd.api.access import AccessInterceptor
+from checkpointd.api.auth import BearerTokenInterceptor, OpenService, TokenSource
 from checkpointd.api.checkpoint_servicer import CheckpointServicer
 from checkpointd.api.config_servicer import ConfigServicer
+from checkpointd.api.drain import Drain, DrainInterceptor
 from checkpointd.api.interceptors import ErrorInterceptor
+from checkpointd.core import telemetry
 from checkpointd.core.checkpoints import Checkpoints, EngineSettings
 from checkpointd.core.config import ConfigStore
 from checkpointd.core.db import Database
 from checkpointd.core.db_store import StoreKind, open_store
+from checkpointd.core.retention import Maintenance, MaintenanceReport
+from checkpointd.datadir_lock import DataDirLock
+from checkpointd.listeners import Listener, ListenerError, TlsFiles, is_loopback, parse_listen
 
 log = logging.getLogger("checkpointd")
 
@@ -38,6 +46,8 @@ SERVICE_NAMES = (
 #: Largest request accepted: a 16 MiB state plus headroom for the other fields.
 MAX_RECEIVE_BYTES = 32 * 1024 * 1024
 MAX_SEND_BYTES = 64 * 1024 * 1024
+#: Health and reflection answer during a drain, so probes read NOT_SERVING.
+_ALWAYS_OPEN = OpenService.HEALTH.service_names | OpenService.REFLECTION.service_names
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,24 @@ class ServerSettings:
     db_url: str = ""
     #: Where content lives: "disk" (under data_dir) or "db" (in the database, for replicas without shared disk).
     store: str = StoreKind.DISK.value
+    #: Watch workspaces so that a checkpoint re-examines only what changed (off: full scans).
+    watcher: bool = True
     max_workers: int = 32
     grace_seconds: float = 30.0
     extra_interceptors: tuple[grpc.ServerInterceptor, ...] = field(default=())
+    #: Permission bits of unix sockets (created owner-only, then set to this).
+    socket_mode: int = 0o660
+    #: When set, every call (except ``open_services``) needs ``authorization: Bearer <token>``.
+    token: TokenSource | None = None
+    open_services: frozenset[OpenService] = frozenset({OpenService.HEALTH})
+    #: TLS (and mTLS with a client CA) for TCP listeners; unix sockets rely on file permissions.
+    tls: TlsFiles | None = None
+    #: Without this, a TCP listener off loopback needs a token or client certificates.
+    allow_unauthenticated_remote: bool = False
+    #: HOST:PORT of the Prometheus /metrics endpoint; empty for none.
+    metrics_listen: str = ""
+    #: Seconds between retention + GC runs; 0 for none.
+    gc_interval_seconds: float = 0.0
 
     @property
     def database_url(self) -> str:
@@ -68,26 +93,72 @@ def _prepare_unix_socket(path: str) -> None:
     except OSError:
         os.unlink(path)
     else:
-        raise RuntimeError(f"another server is listening on unix socket {path}")
+        raise ListenerError(f"another server is listening on unix socket {path}")
     finally:
         probe.close()
+
+
+def check_listener_security(listeners: list[Listener], settings: ServerSettings) -> None:
+    """A listener reachable from other hosts must authenticate its callers, unless told otherwise."""
+    authenticated = settings.token is not None or (settings.tls is not None and settings.tls.client_ca is not None)
+    for listener in listeners:
+        if listener.is_unix or is_loopback(listener.host):
+            continue
+        if not authenticated and not settings.allow_unauthenticated_remote:
+            raise ListenerError(
+                f"refusing to listen on {listener.grpc_address} without authentication: it is reachable from "
+                "other hosts. Set a bearer token (--token-file or CHECKPOINTD_TOKEN), require client "
+                "certificates (--tls-client-ca), listen on loopback or a unix socket, or pass "
+                "--allow-unauthenticated-remote if the network is trusted")
+        if settings.token is not None and settings.tls is None:
+            log.warning("%s is reachable from other hosts and the bearer token travels in clear text; "
+                        "consider --tls-cert/--tls-key", listener.grpc_address)
+
+
+def needs_data_dir_lock(store: str, db: Database) -> bool:
+    """Whether GC must be fenced from other processes by the data dir lock: always for the
+    disk store; for the database store only on SQLite (on PostgreSQL its own fence spans replicas)."""
+    return store == StoreKind.DISK.value or db.is_sqlite
 
 
 class CheckpointdServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        listeners = [parse_listen(address) for address in settings.listen]
+        check_listener_security(listeners, settings)
+        if not 0 <= settings.socket_mode <= 0o777:
+            raise ListenerError(f"socket mode {settings.socket_mode:o} is not a permission mode")
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.db = Database(settings.database_url)
+        self._data_lock: DataDirLock | None = None
+        if needs_data_dir_lock(settings.store, self.db):
+            self._data_lock = DataDirLock(settings.data_dir, exclusive=settings.gc_interval_seconds > 0).acquire()
         self.db.migrate()
         self.store = open_store(settings.store, self.db, settings.data_dir)
         self.config = ConfigStore(self.db)
         self.checkpoints = Checkpoints(self.db, self.store, self.config,
-                                       EngineSettings(settings.data_dir, settings.workspace_roots))
+                                       EngineSettings(settings.data_dir, settings.workspace_roots,
+                                                      watcher=settings.watcher))
+        self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
+                                       self.checkpoints.delete)
+        self.metrics = None
+        if settings.metrics_listen:
+            from checkpointd.metrics import PrometheusMetrics
+
+            self.metrics = PrometheusMetrics(self.store)
         self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self.drain = Drain()
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        interceptors: list[grpc.ServerInterceptor] = [
+            AccessInterceptor(self.metrics, quiet_services=_ALWAYS_OPEN),
+            DrainInterceptor(self.drain, _ALWAYS_OPEN),
+        ]
+        if settings.token is not None:
+            interceptors.append(BearerTokenInterceptor(settings.token, settings.open_services))
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc"),
-            interceptors=[*settings.extra_interceptors, ErrorInterceptor()],
+            interceptors=[*interceptors, *settings.extra_interceptors, ErrorInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -102,45 +173,91 @@ class CheckpointdServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
         self.addresses: list[str] = []
+        self.metrics_address = ""
         self._unix_paths: list[str] = []
-        for address in settings.listen:
-            self.addresses.append(self._add_listener(address))
+        self._maintenance_thread: threading.Thread | None = None
+        for listener in listeners:
+            self.addresses.append(self._add_listener(listener))
 
-    def _add_listener(self, address: str) -> str:
-        if address.startswith("unix:"):
-            path = address.removeprefix("unix://") if address.startswith("unix://") else address.removeprefix("unix:")
+    def _add_listener(self, listener: Listener) -> str:
+        if listener.is_unix:
+            path = listener.unix_path
             _prepare_unix_socket(path)
-            self.server.add_insecure_port(f"unix://{path}")
+            # The socket file is created here: owner-only from the first instant, then widened.
+            previous = os.umask(0o177)
+            try:
+                self.server.add_insecure_port(f"unix://{path}")
+            finally:
+                os.umask(previous)
+            os.chmod(path, self.settings.socket_mode)
             self._unix_paths.append(path)
             return f"unix://{path}"
-        port = self.server.add_insecure_port(address)
+        address = listener.grpc_address
+        if self.settings.tls is not None:
+            port = self.server.add_secure_port(address, self.settings.tls.server_credentials())
+        else:
+            port = self.server.add_insecure_port(address)
         if port == 0:
-            raise RuntimeError(f"cannot listen on {address}")
-        host = address.rsplit(":", 1)[0]
-        return f"{host}:{port}"
+            raise ListenerError(f"cannot listen on {address}")
+        return f"{listener.display_host}:{port}"
 
     def start(self) -> None:
+        if self.metrics is not None:
+            telemetry.bind(self.metrics)
+            self.metrics_address = self.metrics.serve(self.settings.metrics_listen)
         self.server.start()
-        for path in self._unix_paths:
-            os.chmod(path, 0o660)
         for name in ("", *SERVICE_NAMES):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.settings.gc_interval_seconds > 0:
+            self._maintenance_thread = threading.Thread(target=self._maintenance_loop, name="maintenance",
+                                                        daemon=True)
+            self._maintenance_thread.start()
         log.info("checkpointd listening on %s", " ".join(self.addresses))
 
+    def run_maintenance(self, dry_run: bool = False) -> MaintenanceReport:
+        """Retention then GC, now (the periodic task calls this too)."""
+        return self.maintenance.run(dry_run=dry_run)
+
+    def _maintenance_loop(self) -> None:
+        while not self._stopping.wait(self.settings.gc_interval_seconds):
+            try:
+                self.run_maintenance()
+            except Exception:
+                log.exception("retention/GC run failed; retrying in %ss", self.settings.gc_interval_seconds)
+                if self.metrics is not None:
+                    self.metrics.maintenance_failed()
+
     def stop(self, grace: float | None = None) -> None:
-        """Drains: health flips to NOT_SERVING first, new calls are refused, in-flight
-        checkpoints and rollbacks get ``grace`` seconds to finish, watch streams end."""
+        """Drains: health flips to NOT_SERVING first and new calls are refused (UNAVAILABLE /
+        SHUTTING_DOWN), in-flight checkpoints and rollbacks get ``grace`` seconds to finish,
+        watch streams end, then the listeners close."""
         if self._stopping.is_set():
+            self._stopped.wait()
             return
+        grace = self.settings.grace_seconds if grace is None else grace
         self._stopping.set()
         self.health.enter_graceful_shutdown()
+        self.drain.begin()
         self.config.wake_all()
-        self.server.stop(self.settings.grace_seconds if grace is None else grace).wait()
+        log.info("draining: %d call(s) in flight", self.drain.in_flight)
+        if not self.drain.wait_idle(grace):
+            log.warning("grace period of %ss ended with %d call(s) still running", grace, self.drain.in_flight)
+        self.server.stop(0).wait()
+        if self._maintenance_thread is not None:
+            self._maintenance_thread.join(timeout=grace)
         for path in self._unix_paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        if self.metrics is not None:
+            self.metrics.close()
+            telemetry.unbind(self.metrics)
         self.db.dispose()
+        if self._data_lock is not None:
+            self._data_lock.release()
         log.info("checkpointd stopped")
+        self._stopped.set()
 
     def wait(self) -> None:
         self.server.wait_for_termination()
+        if self._stopping.is_set():
+            self._stopped.wait()

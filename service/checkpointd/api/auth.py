@@ -1,0 +1,162 @@
+"""Bearer-token authentication: every call must carry ``authorization: Bearer <token>``.
+
+The token comes from a file (re-read when it changes, so a rotated Kubernetes Secret
+takes effect without a restart) or from a fixed value (the CHECKPOINTD_TOKEN variable).
+Comparison is constant-time. Services named exempt (health, so that kubelet and Docker
+probes work; optionally reflection) are open.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+from checkpointd.api.errors import rich_status
+from checkpointd.core.errors import Reason
+
+log = logging.getLogger("checkpointd.auth")
+
+#: Tokens shorter than this are refused at start-up: they can be guessed.
+MIN_TOKEN_LENGTH = 16
+_RECHECK_SECONDS = 1.0
+
+
+class OpenService(enum.StrEnum):
+    """Services that may be left reachable without a token (``--auth-exempt``)."""
+
+    HEALTH = "health"
+    REFLECTION = "reflection"
+
+    @property
+    def service_names(self) -> frozenset[str]:
+        match self:
+            case OpenService.HEALTH:
+                return frozenset({health.SERVICE_NAME})
+            case OpenService.REFLECTION:
+                return frozenset({reflection.SERVICE_NAME, "grpc.reflection.v1.ServerReflection"})
+
+
+class TokenError(ValueError):
+    """The configured token is unusable."""
+
+
+def _validated(token: str, origin: str) -> bytes:
+    token = token.strip()
+    if not token:
+        raise TokenError(f"the bearer token from {origin} is empty")
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise TokenError(f"the bearer token from {origin} is shorter than {MIN_TOKEN_LENGTH} characters")
+    if any(c.isspace() for c in token) or not token.isprintable():
+        raise TokenError(f"the bearer token from {origin} contains whitespace or control characters")
+    return token.encode()
+
+
+class TokenSource:
+    """The expected token; a file-backed one is re-read (at most once a second) when it changes."""
+
+    def __init__(self, token: bytes, path: Path | None = None) -> None:
+        self._token = token
+        self._path = path
+        self._stamp = self._file_stamp() if path else None
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_value(cls, token: str, origin: str = "CHECKPOINTD_TOKEN") -> TokenSource:
+        return cls(_validated(token, origin))
+
+    @classmethod
+    def from_file(cls, path: Path) -> TokenSource:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise TokenError(f"cannot read token file {path}: {exc.strerror}") from None
+        return cls(_validated(text, f"token file {path}"), path)
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def current(self) -> bytes:
+        if self._path is None or time.monotonic() - self._checked < _RECHECK_SECONDS:
+            return self._token
+        with self._lock:
+            self._checked = time.monotonic()
+            stamp = self._file_stamp()
+            if stamp is not None and stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._token = _validated(self._path.read_text(), f"token file {self._path}")
+                    log.info("bearer token reloaded from %s", self._path)
+                except (OSError, TokenError) as exc:
+                    log.error("keeping the previous bearer token: %s", exc)
+            return self._token
+
+
+def _presented_token(metadata: tuple | None) -> bytes | None:
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, credential = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and credential.strip():
+                return credential.strip().encode()
+    return None
+
+
+def _service_of(method: str) -> str:
+    return method.lstrip("/").partition("/")[0]
+
+
+def _rejecting(handler: grpc.RpcMethodHandler, method: str, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that fails with UNAUTHENTICATED."""
+
+    def reject(_request: Any, context: grpc.ServicerContext) -> Any:
+        status = rich_status(grpc.StatusCode.UNAUTHENTICATED, message, Reason.UNAUTHENTICATED.value,
+                             {"method": method})
+        context.abort_with_status(rpc_status.to_status(status))
+
+    kinds: list[tuple[Callable | None, Callable]] = [
+        (handler.unary_unary, grpc.unary_unary_rpc_method_handler),
+        (handler.unary_stream, grpc.unary_stream_rpc_method_handler),
+        (handler.stream_unary, grpc.stream_unary_rpc_method_handler),
+        (handler.stream_stream, grpc.stream_stream_rpc_method_handler),
+    ]
+    for behaviour, make in kinds:
+        if behaviour is not None:
+            return make(reject, handler.request_deserializer, handler.response_serializer)
+    raise AssertionError(f"handler for {method} has no behaviour")
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    def __init__(self, tokens: TokenSource, open_services: frozenset[OpenService] = frozenset()) -> None:
+        self.tokens = tokens
+        self.open_service_names = frozenset().union(*(s.service_names for s in open_services))
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        if _service_of(details.method) in self.open_service_names:
+            return continuation(details)
+        presented = _presented_token(details.invocation_metadata)
+        if presented is not None and hmac.compare_digest(presented, self.tokens.current()):
+            return continuation(details)
+        handler = continuation(details)
+        if handler is None:
+            return None
+        if presented is None:
+            message = "this server requires a bearer token: send metadata 'authorization: Bearer <token>'"
+        else:
+            message = "the bearer token is not valid"
+        return _rejecting(handler, details.method, message)

@@ -1,0 +1,98 @@
+"""Graceful drain: once shutdown begins, new calls are refused with UNAVAILABLE /
+SHUTTING_DOWN while the calls already running (checkpoints, rollbacks) finish. Health and
+reflection stay reachable, so probes read NOT_SERVING instead of a refused connection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from grpc_status import rpc_status
+
+from checkpointd.api.errors import to_status
+from checkpointd.core.errors import Reason, Unavailable
+
+
+class Drain:
+    """Counts in-flight unary calls; ``begin`` stops admitting new ones."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._draining = False
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def admit(self) -> bool:
+        with self._cond:
+            if self._draining:
+                return False
+            self._in_flight += 1
+            return True
+
+    def done(self) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def begin(self) -> None:
+        with self._cond:
+            self._draining = True
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True when every admitted call finished within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            return self._cond.wait_for(lambda: self._in_flight == 0, timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _refuse(context: grpc.ServicerContext) -> None:
+    error = Unavailable(Reason.SHUTTING_DOWN, "checkpointd is shutting down; retry elsewhere or later")
+    context.abort_with_status(rpc_status.to_status(to_status(error)))
+
+
+class DrainInterceptor(grpc.ServerInterceptor):
+    def __init__(self, drain: Drain, always_open: frozenset[str]) -> None:
+        self.drain = drain
+        self.always_open = always_open
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None or details.method.lstrip("/").partition("/")[0] in self.always_open:
+            return handler
+        drain = self.drain
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                if not drain.admit():
+                    _refuse(context)
+                try:
+                    return inner(request, context)
+                finally:
+                    drain.done()
+
+            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                # Watch streams are not waited for: they end when the server stops.
+                if drain.draining:
+                    _refuse(context)
+                yield from inner_stream(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return handler

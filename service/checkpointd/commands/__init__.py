@@ -1,0 +1,143 @@
+"""The human side of the ``checkpointd`` command: ls, show, diff, rollback, create, delete,
+config, health (all through the Python client, against a running server) and gc (offline,
+on a data directory). Parsers are declared here; each command's module is imported only
+when it runs, so ``checkpointd serve`` does not pay for rich and the client."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from checkpointd.defaults import default_data_dir
+
+#: Deadline for calls that may capture a whole workspace (a first snapshot of a big tree).
+LONG_TIMEOUT_S = 600.0
+SHORT_TIMEOUT_S = 30.0
+SCOPES = ("files", "state", "files_and_state")
+
+
+def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"checkpointd.commands.{module}"), function)(args)
+
+    return run
+
+
+def _connection_options(parser: argparse.ArgumentParser, timeout: float) -> None:
+    group = parser.add_argument_group("connection")
+    group.add_argument("--target", default=None,
+                       help="server address, HOST:PORT or unix:///PATH. Env CHECKPOINTD_TARGET. Default: the "
+                            "default data dir's unix socket if it exists, else 127.0.0.1:50051")
+    group.add_argument("--token-file", type=Path, default=os.environ.get("CHECKPOINTD_TOKEN_FILE") or None,
+                       metavar="FILE",
+                       help="bearer token file. Env CHECKPOINTD_TOKEN_FILE, or the token in CHECKPOINTD_TOKEN")
+    group.add_argument("--tls-ca", type=Path, default=os.environ.get("CHECKPOINTD_TLS_CA") or None, metavar="PEM",
+                       help="connect over TLS, trusting this CA. Env CHECKPOINTD_TLS_CA")
+    group.add_argument("--tls-cert", type=Path, default=os.environ.get("CHECKPOINTD_TLS_CLIENT_CERT") or None,
+                       metavar="PEM", help="client certificate for mutual TLS. Env CHECKPOINTD_TLS_CLIENT_CERT")
+    group.add_argument("--tls-key", type=Path, default=os.environ.get("CHECKPOINTD_TLS_CLIENT_KEY") or None,
+                       metavar="PEM", help="key of --tls-cert. Env CHECKPOINTD_TLS_CLIENT_KEY")
+    group.add_argument("--tls-server-name", default=None, metavar="NAME",
+                       help="expect this name in the server certificate instead of the target's host")
+    group.add_argument("--timeout", type=float, default=timeout, metavar="SECONDS",
+                       help=f"deadline of each call (default {timeout:g})")
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _client_command(commands, name: str, help_text: str, module: str, function: str,
+                    timeout: float = SHORT_TIMEOUT_S) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    _json_option(parser)
+    _connection_options(parser, timeout)
+    parser.set_defaults(run=_lazy(module, function))
+    return parser
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        raise argparse.ArgumentTypeError(f"labels are KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def register_commands(commands) -> None:
+    ls = _client_command(commands, "ls", "list a plan's checkpoints, newest first", "checkpoints", "ls")
+    ls.add_argument("plan_id", metavar="PLAN_ID")
+    ls.add_argument("--filter", default="", metavar="EXPR",
+                    help='AIP-160 filter, e.g. \'trigger = "on_error"\' or \'labels.pinned = "true"\'')
+
+    show = _client_command(commands, "show", "show one checkpoint", "checkpoints", "show")
+    show.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    show.add_argument("--state", action="store_true", help="include the plan state")
+
+    diff = _client_command(commands, "diff", "what changed between two checkpoints, or since one",
+                           "checkpoints", "diff", LONG_TIMEOUT_S)
+    diff.add_argument("base_id", metavar="BASE_ID")
+    diff.add_argument("target_id", metavar="TARGET_ID", nargs="?", default="",
+                      help="default: the plan's live workspace")
+    diff.add_argument("--path", action="append", default=[], metavar="PATH", help="only these paths (repeatable)")
+
+    rollback = _client_command(commands, "rollback", "roll a plan back to a checkpoint (shows the dry run first)",
+                               "checkpoints", "rollback", LONG_TIMEOUT_S)
+    rollback.add_argument("plan_id", metavar="PLAN_ID")
+    rollback.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    rollback.add_argument("--scope", choices=SCOPES, default="files",
+                          help="what to restore (default: files; the state is returned, see --state-out)")
+    rollback.add_argument("--path", action="append", default=[], metavar="PATH", help="only these paths (repeatable)")
+    rollback.add_argument("--state-out", type=Path, default=None, metavar="FILE",
+                          help="write the restored plan state here (scopes state, files_and_state)")
+    rollback.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    create = _client_command(commands, "create", "record a manual checkpoint now", "checkpoints", "create",
+                             LONG_TIMEOUT_S)
+    create.add_argument("plan_id", metavar="PLAN_ID")
+    create.add_argument("--workspace-root", default=None, metavar="DIR",
+                        help="the plan's workspace (needed on its first checkpoint)")
+    create.add_argument("--label", action="append", type=_label, default=[], metavar="KEY=VALUE")
+    create.add_argument("--pin", action="store_true", help="label it pinned=true: retention never prunes it")
+    create.add_argument("--description", default="")
+    create.add_argument("--state-file", type=Path, default=None, metavar="FILE", help="plan state to record")
+
+    delete = _client_command(commands, "delete", "delete a checkpoint", "checkpoints", "delete")
+    delete.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    config = commands.add_parser("config", help="read and change configuration",
+                                 description="Read and change configuration, globally or for one plan.")
+    verbs = config.add_subparsers(dest="config_command", required=True, metavar="VERB")
+    for verb, help_text in (("ls", "list every key with its effective value"),
+                            ("get", "show one key"),
+                            ("set", "set a key (VALUE is JSON; a bare word is a string)"),
+                            ("clear", "remove the value set at this scope")):
+        parser = _client_command(verbs, verb, help_text, "config", f"config_{verb}")
+        parser.add_argument("--plan", default="", metavar="PLAN_ID", help="a plan's override instead of global")
+        if verb != "ls":
+            parser.add_argument("key", metavar="KEY")
+        if verb == "set":
+            parser.add_argument("value", metavar="VALUE")
+
+    health = commands.add_parser("health", help="check that a server is serving (exit 0) or not (exit 1)",
+                                 description="Ask the gRPC health service; exit 0 when SERVING. Used by the "
+                                             "container HEALTHCHECK.")
+    health.add_argument("--service", default="", help="a service name (default: the server as a whole)")
+    _json_option(health)
+    _connection_options(health, 5.0)
+    health.set_defaults(run=_lazy("health", "health"))
+
+    gc = commands.add_parser(
+        "gc", help="apply retention and collect unreferenced content, offline",
+        description="Apply the retention config (core.retention.*) and delete content no checkpoint references, "
+                    "working directly on a data directory. Refuses while a server uses it: a running server "
+                    "does the same every --gc-interval seconds.")
+    gc.add_argument("--data-dir", type=Path, default=default_data_dir())
+    gc.add_argument("--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""))
+    gc.add_argument("--store", choices=("disk", "db"), default=os.environ.get("CHECKPOINTD_STORE", "disk"))
+    gc.add_argument("--dry-run", action="store_true", help="report what would be pruned and reclaimed")
+    _json_option(gc)
+    gc.set_defaults(run=_lazy("maintenance", "gc"))

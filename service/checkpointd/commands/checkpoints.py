@@ -1,0 +1,179 @@
+"""ls, show, diff, rollback, create, delete: CheckpointService for people."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from functools import wraps
+
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpointd.commands import render
+from checkpointd.commands.connection import ConnectionOptionsError, connect
+from checkpointd_client import CheckpointdRpcError
+
+_SCOPES = {
+    "files": pb.ROLLBACK_SCOPE_FILES,
+    "state": pb.ROLLBACK_SCOPE_STATE,
+    "files_and_state": pb.ROLLBACK_SCOPE_FILES_AND_STATE,
+}
+
+
+def reports_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Failed calls become one line on stderr and exit status 1, not a traceback."""
+
+    @wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except CheckpointdRpcError as error:
+            render.err.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+            return 1
+        except (ConnectionOptionsError, OSError) as error:
+            render.err.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+            return 1
+
+    return run
+
+
+def confirm(question: str) -> bool:
+    """Asks on stderr, reads one line from stdin; anything but y/yes (or end of input) is no."""
+    render.err.print(f"{question} [y/N] ", end="", markup=False, highlight=False)
+    answer = sys.stdin.readline()
+    if not answer:
+        render.err.print()
+    return answer.strip().lower() in ("y", "yes")
+
+
+@contextlib.contextmanager
+def progress(message: str) -> Iterator[None]:
+    """A spinner with elapsed time on a terminal; two plain lines on stderr otherwise."""
+    if render.err.is_terminal:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=render.err, transient=True) as bar:
+            bar.add_task(message, total=None)
+            yield
+        return
+    started = time.monotonic()
+    render.err.print(f"{message} ...", highlight=False)
+    yield
+    render.err.print(f"done in {time.monotonic() - started:.1f}s", highlight=False)
+
+
+@reports_errors
+def ls(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        found = conn.checkpoints().list_checkpoints(args.plan_id, filter_expr=args.filter)
+    if args.json:
+        render.emit_json([render.message_dict(cp) for cp in found])
+    elif not found:
+        render.err.print(f"plan {args.plan_id} has no checkpoints" + (" matching the filter" if args.filter else ""))
+    else:
+        render.out.print(render.checkpoints_table(found, f"plan {args.plan_id}: {len(found)} checkpoint(s)"))
+    return 0
+
+
+@reports_errors
+def show(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        cp = conn.checkpoints().get_checkpoint(args.checkpoint_id, full=args.state)
+    if args.json:
+        render.emit_json(render.message_dict(cp))
+        return 0
+    render.out.print(render.checkpoint_table(cp))
+    if cp.skipped_files:
+        render.out.print(render.skipped_table(cp))
+    if args.state:
+        render.out.print("state:", style="bold")
+        try:
+            render.out.print(cp.state.decode("utf-8"), markup=False, highlight=False)
+        except UnicodeDecodeError:
+            render.out.print(f"(binary, base64) {base64.b64encode(cp.state).decode()}", markup=False)
+    return 0
+
+
+@reports_errors
+def diff(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        changes = conn.checkpoints().diff_checkpoints(args.base_id, args.target_id, paths=args.path)
+    if args.json:
+        render.emit_json([render.message_dict(c) for c in changes])
+        return 0
+    against = args.target_id or "the live workspace"
+    render.print_changes(f"{args.base_id} -> {against}", changes)
+    return 0
+
+
+def _rollback_json(preview: pb.RollbackResponse, applied: pb.RollbackResponse | None) -> dict:
+    result: dict = {"dry_run": [render.message_dict(c) for c in preview.changes], "applied": applied is not None}
+    if applied is not None:
+        result["changes"] = [render.message_dict(c) for c in applied.changes]
+        result["safety_checkpoint_id"] = applied.safety_checkpoint.checkpoint_id
+    return result
+
+
+@reports_errors
+def rollback(args: argparse.Namespace) -> int:
+    scope = _SCOPES[args.scope]
+    with connect(args) as conn:
+        client = conn.checkpoints()
+        with progress(f"Computing what a rollback of plan {args.plan_id} to {args.checkpoint_id} would change"):
+            preview = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path, dry_run=True)
+        if not args.json:
+            render.print_changes(f"rollback to {args.checkpoint_id} would make", list(preview.changes))
+            if args.scope != "files":
+                render.out.print(f"and return the checkpoint's plan state ({render.human_size(len(preview.state))})")
+        if not args.yes and not confirm(f"Roll plan {args.plan_id} back to {args.checkpoint_id}?"):
+            render.err.print("rollback cancelled; nothing was changed")
+            if args.json:
+                render.emit_json(_rollback_json(preview, None))
+            return 1
+        with progress("Rolling back (a safety checkpoint is recorded first)"):
+            applied = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path)
+    if args.state_out is not None and args.scope != "files":
+        args.state_out.write_bytes(applied.state)
+    if args.json:
+        render.emit_json(_rollback_json(preview, applied))
+        return 0
+    render.out.print(f"rolled back: {render.change_summary(list(applied.changes))}. Safety checkpoint "
+                     f"{applied.safety_checkpoint.checkpoint_id} holds what was there before "
+                     f"(checkpointd rollback {args.plan_id} {applied.safety_checkpoint.checkpoint_id} undoes this)",
+                     highlight=False)
+    return 0
+
+
+@reports_errors
+def create(args: argparse.Namespace) -> int:
+    labels = dict(args.label)
+    if args.pin:
+        labels["pinned"] = "true"
+    state = args.state_file.read_bytes() if args.state_file is not None else b""
+    with connect(args) as conn, progress(f"Recording a checkpoint of plan {args.plan_id} (a first snapshot of a "
+                                         "large workspace can take a while)"):
+        cp = conn.checkpoints().create_checkpoint(args.plan_id, labels=labels, description=args.description,
+                                                  state=state, workspace_root=args.workspace_root,
+                                                  source_tool="checkpointd-cli")
+    if args.json:
+        render.emit_json(render.message_dict(cp))
+    else:
+        render.out.print(render.checkpoint_table(cp))
+    return 0
+
+
+@reports_errors
+def delete(args: argparse.Namespace) -> int:
+    if not args.yes and not confirm(f"Delete checkpoint {args.checkpoint_id}?"):
+        render.err.print("nothing was deleted")
+        return 1
+    with connect(args) as conn:
+        conn.checkpoints().delete_checkpoint(args.checkpoint_id)
+    if args.json:
+        render.emit_json({"deleted": args.checkpoint_id})
+    else:
+        render.out.print(f"deleted {args.checkpoint_id}", highlight=False)
+    return 0

@@ -1,0 +1,29 @@
+"""health: the gRPC health check as an exit status (for HEALTHCHECK and scripts)."""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from checkpointd.commands import render
+from checkpointd.commands.checkpoints import reports_errors
+from checkpointd.commands.connection import connect
+
+
+@reports_errors
+def health(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        metadata = (("authorization", f"Bearer {conn.token}"),) if conn.token else ()
+        try:
+            reply = health_pb2_grpc.HealthStub(conn.channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout, metadata=metadata)
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as error:
+            status = error.code().name
+    if args.json:
+        render.emit_json({"target": conn.target, "service": args.service, "status": status})
+    else:
+        render.out.print(f"{conn.target}: {status}", highlight=False)
+    return 0 if status == "SERVING" else 1

@@ -1,0 +1,66 @@
+"""gc: retention + garbage collection on a data directory, without a server."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+from rich import box
+from rich.table import Table
+
+from checkpointd.commands import render
+from checkpointd.core.checkpoints import Checkpoints, EngineSettings
+from checkpointd.core.config import ConfigStore
+from checkpointd.core.db import Database
+from checkpointd.core.db_store import open_store
+from checkpointd.core.retention import GcAborted, Maintenance, MaintenanceReport
+from checkpointd.datadir_lock import DataDirBusy, DataDirLock
+from checkpointd.server import ServerSettings, needs_data_dir_lock
+
+
+def _report_table(report: MaintenanceReport) -> Table:
+    data = report.as_dict()
+    title = "garbage collection" + (" (dry run: nothing was deleted)" if report.gc.dry_run else "")
+    table = Table(title=title, box=box.SIMPLE, show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    verb = "prunable" if report.gc.dry_run else "pruned"
+    for rule, count in data["pruned_by_rule"].items():
+        table.add_row(f"checkpoints {verb} by {rule}", str(count))
+    table.add_row("objects deleted" if not report.gc.dry_run else "objects unreferenced",
+                  str(report.gc.deleted_objects))
+    table.add_row("bytes reclaimed" if not report.gc.dry_run else "bytes reclaimable",
+                  render.human_size(report.gc.reclaimed_bytes))
+    table.add_row("objects in the store", str(report.gc.store_objects))
+    table.add_row("store size", render.human_size(report.gc.store_bytes))
+    return table
+
+
+def gc(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir.expanduser().resolve()
+    if not data_dir.is_dir():
+        render.err.print(f"error: no data directory at {data_dir}", highlight=False)
+        return 1
+    settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
+                              store=args.store)
+    db = Database(settings.database_url)
+    try:
+        with contextlib.ExitStack() as stack:
+            if needs_data_dir_lock(args.store, db):
+                stack.enter_context(DataDirLock(data_dir, exclusive=True))
+            db.migrate()
+            store = open_store(args.store, db, data_dir)
+            config = ConfigStore(db)
+            checkpoints = Checkpoints(db, store, config, EngineSettings(data_dir, ()))
+            maintenance = Maintenance(db, store, checkpoints.trees, config, checkpoints.delete)
+            report = maintenance.run(dry_run=args.dry_run)
+    except (DataDirBusy, GcAborted) as exc:
+        render.err.print(f"error: {exc}", highlight=False)
+        return 1
+    finally:
+        db.dispose()
+    if args.json:
+        render.emit_json(report.as_dict())
+    else:
+        render.out.print(_report_table(report))
+    return 0

@@ -1,0 +1,61 @@
+"""An advisory lock on the data directory, so that garbage collection never runs beside a
+process it cannot fence.
+
+The GC fence (ContentStore.collecting) only covers writers in the same process. Servers
+therefore hold the lock shared, a server that runs periodic GC holds it exclusively, and
+the offline ``checkpointd gc`` holds it exclusively: a GC never shares the store with a
+writer in another process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("checkpointd")
+LOCK_NAME = "checkpointd.lock"
+
+
+class DataDirBusy(RuntimeError):
+    """Another process holds the data directory in a conflicting mode."""
+
+
+class DataDirLock:
+    def __init__(self, data_dir: Path, exclusive: bool) -> None:
+        self.path = data_dir / LOCK_NAME
+        self.exclusive = exclusive
+        self._fd: int | None = None
+
+    def acquire(self) -> DataDirLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirBusy(self._busy_message()) from None
+        except OSError as exc:
+            log.warning("cannot lock %s (%s); cross-process GC protection is off", self.path, exc.strerror)
+        self._fd = fd
+        return self
+
+    def _busy_message(self) -> str:
+        if self.exclusive:
+            return (f"{self.path.parent} is in use by another checkpointd process; garbage collection needs it "
+                    "alone (stop the other process, or run GC inside the one server with --gc-interval)")
+        return f"{self.path.parent} is locked by a garbage collection (checkpointd gc or a server with --gc-interval)"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DataDirLock:
+        return self.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
