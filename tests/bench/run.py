@@ -61,11 +61,27 @@ T = TypeVar("T")
 
 
 _LOAD_SEEN: list[float] = []
+_OTHER_BENCHES_SEEN: dict[int, str] = {}
+
+
+def _note_other_benchmarks() -> None:
+    """Remembers other benchmark processes running beside this one: they skew every figure."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if "python" in command and ("tests.bench" in command or "tests/bench/" in command):
+            _OTHER_BENCHES_SEEN[int(entry.name)] = command[:200]
 
 
 def log(message: str) -> None:
-    """Progress to stderr; also samples the machine's load, reported with the results."""
+    """Progress to stderr; also samples the machine's load and other benchmark runs."""
     _LOAD_SEEN.append(os.getloadavg()[0])
+    _note_other_benchmarks()
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
@@ -752,6 +768,7 @@ def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "git": _command_output("git", "--version"), "load_average_at_start": run.load_at_start,
                     "load_average_1min_max_seen": max(_LOAD_SEEN, default=None),
+                    "other_benchmark_processes_seen": _OTHER_BENCHES_SEEN,
                     "load_average_at_end": list(os.getloadavg())},
         "repo_commit": _command_output("git", "rev-parse", "HEAD"),
         "repo_dirty": bool(_command_output("git", "status", "--porcelain", "--untracked-files=no")),
@@ -798,6 +815,8 @@ def main(argv: list[str] | None = None) -> int:
     if busiest > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1):
         print(f"WARNING: the machine was busy (1-min load average up to {busiest:.1f} on {os.cpu_count()} CPUs); "
               "other work competed with both systems, so absolute figures are noisy.")
+    for pid, command in _OTHER_BENCHES_SEEN.items():
+        print(f"WARNING: another benchmark ran at the same time (pid {pid}: {command[:120]})")
     return 1 if checkpointd_failed(run.results) else 0
 
 
