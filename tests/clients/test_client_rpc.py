@@ -163,13 +163,15 @@ def test_malformed_targets_are_refused_before_dialing(address: str) -> None:
         validate_target(address)
 
 
-def test_retry_policy_retries_unavailable_only() -> None:
+def test_retry_policy_retries_unary_calls_on_unavailable_only() -> None:
     (method_config,) = json.loads(retry_service_config())["methodConfig"]
 
     assert method_config["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
-    assert {n["service"] for n in method_config["name"]} == {
-        "checkpoint.v1.CheckpointService",
-        "checkpoint.v1.ConfigService",
+    assert {(n["service"], n.get("method", "*")) for n in method_config["name"]} == {
+        ("checkpoint.v1.CheckpointService", "*"),
+        ("checkpoint.v1.ConfigService", "GetConfig"),
+        ("checkpoint.v1.ConfigService", "ListConfig"),
+        ("checkpoint.v1.ConfigService", "SetConfig"),
     }
 
 

@@ -29,6 +29,7 @@ DEFAULT_DEADLINE_S = 5.0
 # A WatchConfig stream is re-opened when this deadline ends; the first messages re-sync the values.
 DEFAULT_WATCH_DEADLINE_S = 300.0
 RETRY_MAX_ATTEMPTS = 4
+RECONNECT_BACKOFF_MS = (100, 1000)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 Checkpoint = checkpoint_service_pb2.Checkpoint
@@ -41,14 +42,21 @@ _Response = TypeVar("_Response")
 
 
 def retry_service_config(max_attempts: int = RETRY_MAX_ATTEMPTS) -> str:
-    """The gRPC service config that retries both services' calls on UNAVAILABLE and nothing else."""
+    """The gRPC service config that retries unary calls on UNAVAILABLE and nothing else.
+
+    WatchConfig is left out on purpose: the config watcher re-opens its own stream, and gRPC's
+    retry layer on a server stream was seen to hang across a server restart (the stream neither
+    ended nor honoured cancel()).
+    """
     return json.dumps(
         {
             "methodConfig": [
                 {
                     "name": [
                         {"service": "checkpoint.v1.CheckpointService"},
-                        {"service": "checkpoint.v1.ConfigService"},
+                        {"service": "checkpoint.v1.ConfigService", "method": "GetConfig"},
+                        {"service": "checkpoint.v1.ConfigService", "method": "ListConfig"},
+                        {"service": "checkpoint.v1.ConfigService", "method": "SetConfig"},
                     ],
                     "retryPolicy": {
                         "maxAttempts": max_attempts,
@@ -83,6 +91,10 @@ def open_channel(target: str, *, max_attempts: int = RETRY_MAX_ATTEMPTS) -> grpc
         options=[
             ("grpc.enable_retries", 1),
             ("grpc.service_config", retry_service_config(max_attempts)),
+            # checkpointd is a nearby sidecar: after a restart, reconnect within a second rather
+            # than gRPC's default exponential backoff of up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ],
     )
 

@@ -22,6 +22,9 @@ from checkpointd_client.vocabulary import AutoTrigger, ConfigKey, OnUnavailable
 
 logger = logging.getLogger(__name__)
 
+# close() waits this long for the watch thread (a daemon) before leaving it behind.
+CLOSE_TIMEOUT_S = 5.0
+
 # Failures that mean "checkpointd cannot answer right now", as opposed to a refused request.
 UNAVAILABLE_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -98,7 +101,7 @@ class CheckpointConfigWatcher:
         config: ConfigClient,
         *,
         plan_id: str = "",
-        reconnect_backoff_s: tuple[float, float] = (0.2, 5.0),
+        reconnect_backoff_s: tuple[float, float] = (0.1, 1.0),
         watch_deadline_s: float = 300.0,
     ) -> None:
         self._config = config
@@ -157,7 +160,9 @@ class CheckpointConfigWatcher:
         if stream is not None:
             stream.cancel()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=CLOSE_TIMEOUT_S)
+            if self._thread.is_alive():
+                logger.warning("checkpointd config watch did not stop within %.0f s; abandoning it", CLOSE_TIMEOUT_S)
 
     def wait_for(self, predicate: Callable[[CheckpointSettings], bool], timeout: float) -> bool:
         """Block until the settings satisfy `predicate` (True) or `timeout` seconds pass (False)."""
@@ -175,20 +180,18 @@ class CheckpointConfigWatcher:
         return "last known" if self._fetched else "default"
 
     def _apply(self, entry: ConfigEntry) -> None:
-        try:
-            with self._changed:
-                settings = self._settings.with_value(entry.key, from_value(entry.value))
-        except ValueError as error:
-            logger.error("refusing checkpointd config %s from the server: %s", entry.key, error)
-            with self._changed:
-                self._refused[entry.key] = error
-                self._changed.notify_all()
-            raise
         with self._changed:
-            self._settings = settings
-            self._refused.pop(entry.key, None)
-            self._fetched = True
-            self._changed.notify_all()
+            try:
+                self._settings = self._settings.with_value(entry.key, from_value(entry.value))
+            except ValueError as error:
+                logger.error("refusing checkpointd config %s from the server: %s", entry.key, error)
+                self._refused[entry.key] = error
+                raise
+            else:
+                self._refused.pop(entry.key, None)
+                self._fetched = True
+            finally:
+                self._changed.notify_all()
 
     def _watch_forever(self) -> None:
         backoff_s = self._backoff_initial_s

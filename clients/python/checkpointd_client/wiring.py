@@ -38,7 +38,11 @@ class Checkpointd:
         self.settings = CheckpointConfigWatcher(self.config, plan_id=plan_id)
         self._watching = watch_config
         if watch_config:
-            self.settings.start()
+            try:
+                self.settings.start()
+            except BaseException:
+                self.channel.close()
+                raise
 
     def policy(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> TriggerPolicy:
         """A policy on the shared server settings with this component's own local switches."""
