@@ -206,7 +206,6 @@ class CrashDriver:
 
 def run_crash_campaign(server, seed: int, kills_wanted: int) -> CrashDriver:
     rng = random.Random(seed)
-    server.stop()
     workspace = server.new_workspace()
     seed_workspace(workspace, rng)
     driver = CrashDriver(server, rng, workspace)
@@ -235,13 +234,13 @@ def _assert_coverage(driver: CrashDriver, kills_wanted: int) -> None:
           + f"; during recovery: {sum(k.during == 'recovery' for k in driver.kills)}")
 
 
-def test_kill_dash_nine_at_fifty_seeded_points_loses_nothing(fresh_server) -> None:
-    driver = run_crash_campaign(fresh_server, SEED, kills_wanted=50)
+def test_kill_dash_nine_at_fifty_seeded_points_loses_nothing(idle_server) -> None:
+    driver = run_crash_campaign(idle_server, SEED, kills_wanted=50)
     _assert_coverage(driver, 50)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [SEED + 1, SEED + 2, SEED + 3])
-def test_kill_dash_nine_campaigns_with_more_seeds(fresh_server, seed: int) -> None:
-    driver = run_crash_campaign(fresh_server, seed, kills_wanted=60)
+def test_kill_dash_nine_campaigns_with_more_seeds(idle_server, seed: int) -> None:
+    driver = run_crash_campaign(idle_server, seed, kills_wanted=60)
     _assert_coverage(driver, 60)

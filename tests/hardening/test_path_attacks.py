@@ -491,15 +491,14 @@ def test_path_attack(scene: Scene, name: str) -> None:
 
 
 @pytest.fixture
-def paused_server(fresh_server, tmp_path):
-    """The fresh server restarted to pause every rollback once its safety checkpoint is committed,
-    until the test says resume (handshake files in tmp_path)."""
-    fresh_server.stop()
+def paused_server(idle_server, tmp_path):
+    """A server that pauses its first rollback once the safety checkpoint is committed, until the
+    test says resume (handshake files in tmp_path)."""
     handshake = tmp_path / "faults"
     handshake.mkdir()
-    start_with_faults(fresh_server, CHECKPOINTD_PAUSE_AT="rollback.safety_committed:1",
+    start_with_faults(idle_server, CHECKPOINTD_PAUSE_AT="rollback.safety_committed:1",
                       CHECKPOINTD_FAULT_DIR=str(handshake))
-    return fresh_server, handshake
+    return idle_server, handshake
 
 
 def _while_paused(handshake: Path, attack: Callable[[], None], call: Callable[[], object]) -> object:
