@@ -173,7 +173,8 @@ def parse_options(argv: list[str] | None) -> Options:
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"which systems to run, comma-separated from {','.join(SYSTEMS)}")
     parser.add_argument("--metrics", default=",".join(METRICS),
-                        help=f"which metrics to run, comma-separated from {','.join(METRICS)}")
+                        help=f"which metrics to run, comma-separated from {','.join(METRICS)}; the first "
+                             "checkpoint runs whenever a per-size metric does, the others build on it")
     parser.add_argument("--seed", type=int, default=1, help="workspace and edit seed (default 1)")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()),
                         help="directory under which the run's workspaces and stores are made (default: TMPDIR)")
