@@ -26,9 +26,19 @@ def public_names(cls: type) -> set[str]:
     return {name for name, _ in inspect.getmembers(cls) if not name.startswith("_")}
 
 
-def test_the_database_store_offers_everything_the_disk_store_does():
-    assert public_names(store.ContentStore) - {"path_of"} <= public_names(DatabaseStore)
-    assert public_names(store.Batch) <= public_names(db_store.Batch)
+def parameters(function) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(function).parameters.values()]
+
+
+@pytest.mark.parametrize(("disk", "database"), [(store.ContentStore, DatabaseStore), (store.Batch, db_store.Batch)],
+                         ids=["store", "batch"])
+def test_the_database_store_offers_everything_the_disk_store_does(disk, database):
+    """Callers use either store through the same interface: names and parameters must match."""
+    missing = public_names(disk) - {"path_of"} - public_names(database)
+    assert missing == set(), f"{database.__qualname__} lacks {sorted(missing)}"
+    for name in public_names(disk) - {"path_of"}:
+        if callable(getattr(disk, name)) and not isinstance(getattr(disk, name), type):
+            assert parameters(getattr(database, name)) == parameters(getattr(disk, name)), name
 
 
 @pytest.fixture

@@ -182,3 +182,25 @@ def test_a_rollback_through_one_replica_serializes_with_checkpoints_through_the_
 
 def _ulid() -> str:
     return str(ULID())
+
+
+def test_more_plans_at_once_than_rpc_threads_all_get_their_checkpoint(replicas):
+    """Each create holds a database connection for its session and briefly needs a second one;
+    with every RPC thread busy on a different plan, none may wait forever for the second."""
+    (server,) = replicas.start(1)
+    server.start()
+    stub = replicas.stub(server)
+    plans = [(_ulid(), replicas.workspace()) for _ in range(48)]
+    for _, workspace in plans:
+        for i in range(30):
+            (workspace / f"f{i}.txt").write_text(f"{workspace.name} {i}")
+
+    def create(plan: tuple[str, object]) -> pb.Checkpoint:
+        plan_id, workspace = plan
+        return stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+            plan_id=plan_id, workspace_root=str(workspace), state=plan_id.encode()), timeout=120).checkpoint
+
+    replies = in_parallel(*(partial(create, plan) for plan in plans))
+    failed = [reply for reply in replies if isinstance(reply, grpc.RpcError)]
+    assert failed == []
+    assert all(reply.sequence == 1 and reply.file_count == 30 for reply in replies)

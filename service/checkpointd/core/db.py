@@ -31,6 +31,10 @@ SCHEMA_VERSION_TABLE = "checkpointd_schema_version"
 BASELINE_REVISION = "0001"
 BASELINE_TABLES = frozenset({"plans", "checkpoints", "operations", "config_values"})
 
+#: Connections one server opens per pool at most (PostgreSQL: two pools, so twice this). Above the
+#: server's 32 RPC threads plus its background work.
+POOL_LIMIT = 40
+
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
 #: URL schemes accepted, and the driver each one is run with.
@@ -83,14 +87,19 @@ class Database:
         self.url = normalize_url(url)
         self.dialect = make_url(self.url).get_backend_name()
         self._locks_engine: Engine | None = None
+        # An operation holds one connection for its session and briefly takes a second (a config
+        # read, a store commit): the pool must exceed the RPC threads, or they can all hold one
+        # and wait for another.
+        pool = {"pool_size": 10, "max_overflow": POOL_LIMIT - 10}
         if self.is_sqlite:
-            self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30})
+            self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
-            self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+            self.engine = create_engine(self.url, pool_pre_ping=True, **pool)
             # Advisory locks live on connections of their own: a lock survives the commits of the
             # work it guards, and a waiting lock never holds a connection that work needs.
-            self._locks_engine = create_engine(self.url, pool_size=4, max_overflow=60, isolation_level="AUTOCOMMIT")
+            self._locks_engine = create_engine(self.url, pool_size=4, max_overflow=POOL_LIMIT - 4,
+                                               isolation_level="AUTOCOMMIT")
 
     @property
     def is_sqlite(self) -> bool:
