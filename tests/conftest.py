@@ -128,10 +128,10 @@ class RunningServer:
         return kinds[-1] if kinds else os.environ.get("CHECKPOINTD_STORE", "disk")
 
     def object_count(self) -> int:
-        """Objects in this server's content store, whichever store it runs with."""
-        if self.store_kind == "disk":
-            objects = self.data_dir / "store" / "objects"
-            return sum(1 for path in objects.rglob("*") if path.is_file())
+        """Objects in this server's database content store (--store db). The disk store's packs
+        are read by the server alone, so there is no count from outside for it."""
+        if self.store_kind != "db":
+            raise NotImplementedError(f"object_count needs --store db; this server runs --store {self.store_kind}")
         engine = create_engine(self.db_url or f"sqlite:///{self.data_dir / 'checkpointd.db'}")
         try:
             with engine.connect() as connection:

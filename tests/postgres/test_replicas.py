@@ -204,3 +204,25 @@ def test_more_plans_at_once_than_rpc_threads_all_get_their_checkpoint(replicas):
     failed = [reply for reply in replies if isinstance(reply, grpc.RpcError)]
     assert failed == []
     assert all(reply.sequence == 1 and reply.file_count == 30 for reply in replies)
+
+
+def test_content_already_stored_by_one_replica_costs_the_other_no_new_objects(two_replicas):
+    first, second, group = two_replicas
+    workspace = group.workspace()
+    for i in range(20):
+        (workspace / f"f{i}.txt").write_text(f"content {i}")
+    plan_id = _ulid()
+
+    def create(stub) -> pb.Checkpoint:
+        return stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace),
+                                                                state=b"same state")).checkpoint
+
+    one = create(first)
+    stored = group.servers[0].object_count()
+    assert stored >= 22
+    two = create(second)
+    assert two.tree_digest == one.tree_digest
+    assert group.servers[1].object_count() == stored
+    (workspace / "f0.txt").write_text("changed")
+    create(second)
+    assert group.servers[0].object_count() == stored + 2

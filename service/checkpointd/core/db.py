@@ -10,6 +10,7 @@ that a newer server has already moved past.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlmodel import Session, create_engine
 
 from checkpointd.core import models  # noqa: F401 - registers the tables
+
+log = logging.getLogger("checkpointd.db")
 
 #: Alembic's bookkeeping table, named so that it cannot clash with another application's.
 SCHEMA_VERSION_TABLE = "checkpointd_schema_version"
@@ -135,7 +138,11 @@ class Database:
                 config.attributes["connection"] = connection
                 if not current and self._adopt_baseline(connection):
                     command.stamp(config, BASELINE_REVISION)
+                    current = {BASELINE_REVISION}
                 command.upgrade(config, "head")
+            before = ", ".join(sorted(current)) or "an empty database"
+            log.info("database schema at revision %s%s (%s)", head,
+                     "" if current == {head} else f", upgraded from {before}", make_url(self.url).render_as_string())
         finally:
             if engine is not self.engine:
                 engine.dispose()
