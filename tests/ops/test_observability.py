@@ -1,0 +1,103 @@
+"""Prometheus metrics on their own port and JSON logs, scraped and read from real servers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from ulid import ULID
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
+from checkpointd.core import telemetry
+from checkpointd.core.store import ContentStore
+from checkpointd.metrics import PrometheusMetrics
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_metrics_count_calls_by_code_and_measure_checkpoints(ops_server):
+    server = ops_server("--metrics-listen", "127.0.0.1:0")
+    workspace = server.new_workspace()
+    (workspace / "a.txt").write_bytes(b"a" * 5000)
+    (workspace / "b.txt").write_bytes(b"b" * 3000)
+    before = _samples(server.scrape())
+    plan_id = str(ULID())
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                              timeout=30)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id="not-a-ulid"), timeout=10)
+    text = server.scrape()
+    after = _samples(text)
+    service = "checkpoint.v1.CheckpointService"
+    handled = "checkpointd_grpc_server_handled_total"
+    assert _value(after, handled, grpc_service=service, grpc_method="CreateCheckpoint", grpc_code="OK") == 1
+    assert _value(after, handled, grpc_service=service, grpc_method="ListCheckpoints",
+                  grpc_code="INVALID_ARGUMENT") == 2
+    assert _value(after, "checkpointd_grpc_server_handling_seconds_count", grpc_service=service,
+                  grpc_method="CreateCheckpoint") == 1
+    assert _value(after, "checkpointd_checkpoint_size_bytes_sum", trigger="manual") == 8000
+    assert _value(after, "checkpointd_checkpoint_files_sum", trigger="manual") == 2
+    assert _value(before, "checkpointd_checkpoint_files_count", trigger="manual") == 0
+    assert _value(after, "checkpointd_store_objects") >= 0
+    for family in ("checkpointd_store_bytes", "checkpointd_watcher_fallbacks", "checkpointd_gc_reclaimed_bytes",
+                   "checkpointd_retention_pruned_checkpoints", "process_resident_memory_bytes"):
+        assert re.search(rf"^# HELP {family}(_total)? ", text, re.MULTILINE), family
+
+
+def test_metrics_are_off_unless_asked_for(checkpointd_server):
+    assert "checkpointd metrics:" not in checkpointd_server.log()
+
+
+def test_engine_events_reach_prometheus_through_the_facade(tmp_path):
+    """core.telemetry is what the engine calls; once bound, the server's metrics see it."""
+    metrics = PrometheusMetrics(ContentStore(tmp_path / "store"))
+    telemetry.watcher_fallback("queue_overflow")
+    assert metrics.watcher_fallbacks.labels("queue_overflow")._value.get() == 0
+    telemetry.bind(metrics)
+    try:
+        telemetry.watcher_fallback("queue_overflow")
+        telemetry.watcher_fallback("queue_overflow")
+        telemetry.checkpoints_pruned("max_age", 3)
+    finally:
+        telemetry.unbind(metrics)
+    telemetry.watcher_fallback("queue_overflow")
+    assert metrics.watcher_fallbacks.labels("queue_overflow")._value.get() == 2
+    assert metrics.pruned.labels("max_age")._value.get() == 3
+
+
+def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):
+    server = ops_server("--log-format", "json")
+    workspace = server.new_workspace()
+    (workspace / "f.txt").write_text("x")
+    plan_id = str(ULID())
+    request_id = "req-" + str(ULID())
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+            plan_id=plan_id, workspace_root=str(workspace), request_id=request_id), timeout=30).checkpoint
+        _, call = stub.GetCheckpoint.with_call(pb.GetCheckpointRequest(checkpoint_id=created.checkpoint_id),
+                                               timeout=10, metadata=(("x-request-id", "trace-42"),))
+        assert dict(call.initial_metadata())["x-request-id"] == "trace-42"
+    records = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    assert records, server.log()
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    create = [r for r in records if r.get("method") == "/checkpoint.v1.CheckpointService/CreateCheckpoint"]
+    assert len(create) == 1
+    assert (create[0]["plan_id"], create[0]["checkpoint_id"], create[0]["request_id"], create[0]["code"]) == (
+        plan_id, created.checkpoint_id, request_id, "OK")
+    get = [r for r in records if r.get("method") == "/checkpoint.v1.CheckpointService/GetCheckpoint"]
+    assert (get[0]["checkpoint_id"], get[0]["request_id"]) == (created.checkpoint_id, "trace-42")

@@ -1,0 +1,134 @@
+"""Graceful shutdown on SIGTERM: health turns NOT_SERVING at once, new calls are refused
+with UNAVAILABLE / SHUTTING_DOWN, and a checkpoint or rollback already running completes
+and is durable. The server runs in this process so that a fault-injection gate can hold
+the call in flight for as long as the test needs; the signal is a real SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ulid import ULID
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
+from checkpointd.cli import install_signal_handlers
+from checkpointd.server import CheckpointdServer, ServerSettings
+from tests.helpers import error_info, tree_state
+from tests.ops.conftest import wait_until
+
+
+class Gate:
+    """Wraps a method so that calls block until released (fault injection: a slow capture or restore)."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        original: Callable = getattr(owner, name)
+
+        def gated(*args, **kwargs):
+            self.entered.set()
+            assert self.release.wait(timeout=120), "the test never released the gate"
+            return original(*args, **kwargs)
+
+        setattr(owner, name, gated)
+
+
+def _settings(base: Path) -> ServerSettings:
+    return ServerSettings(listen=("127.0.0.1:0",), data_dir=base / "data", workspace_roots=(str(base),),
+                          grace_seconds=120)
+
+
+@pytest.fixture
+def sigterm_handlers() -> Iterator[None]:
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGINT, previous[1])
+
+
+def _health(target: str) -> int | None:
+    try:
+        with grpc.insecure_channel(target) as channel:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+    except grpc.RpcError:
+        return None
+
+
+def _drain_while_gated(server: CheckpointdServer, gate: Gate, call: Callable[[], grpc.Future],
+                       plan_id: str) -> object:
+    """Starts ``call``, sends SIGTERM while it is held, checks the drain, releases, returns its result."""
+    target = server.addresses[0]
+    in_flight = call()
+    assert gate.entered.wait(timeout=60), "the call never reached the gate"
+    install_signal_handlers(server)
+    os.kill(os.getpid(), signal.SIGTERM)
+    wait_until(lambda: _health(target) == health_pb2.HealthCheckResponse.NOT_SERVING, "health NOT_SERVING")
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.CheckpointServiceStub(channel).ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id),
+                                                               timeout=10)
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert error_info(refused.value).reason == "SHUTTING_DOWN"
+    assert not in_flight.done(), "the gated call finished before it was released"
+    assert server.drain.in_flight == 1
+    gate.release.set()
+    result = in_flight.result(timeout=120)
+    server.wait()
+    assert _health(target) is None, "the server still answers after its drain"
+    return result
+
+
+def test_checkpoint_in_flight_during_sigterm_completes(short_tmp, sigterm_handlers):
+    base = short_tmp / f"drain-{ULID()}"
+    (base / "ws").mkdir(parents=True)
+    (base / "ws" / "notes.txt").write_text("kept through shutdown")
+    server = CheckpointdServer(_settings(base))
+    server.start()
+    gate = Gate(server.checkpoints.snapshotter, "capture")
+    plan_id = str(ULID())
+    channel = grpc.insecure_channel(server.addresses[0])
+    request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(base / "ws"))
+    created = _drain_while_gated(server, gate, lambda: pb_grpc.CheckpointServiceStub(channel).CreateCheckpoint
+                                 .future(request, timeout=120), plan_id).checkpoint
+    channel.close()
+    assert created.file_count == 1
+
+    restarted = CheckpointdServer(_settings(base))
+    restarted.start()
+    try:
+        with grpc.insecure_channel(restarted.addresses[0]) as again:
+            stored = pb_grpc.CheckpointServiceStub(again).GetCheckpoint(
+                pb.GetCheckpointRequest(checkpoint_id=created.checkpoint_id), timeout=10).checkpoint
+        assert stored.tree_digest == created.tree_digest
+    finally:
+        restarted.stop()
+
+
+def test_rollback_in_flight_during_sigterm_completes(short_tmp, sigterm_handlers):
+    base = short_tmp / f"drain-{ULID()}"
+    workspace = base / "ws"
+    workspace.mkdir(parents=True)
+    (workspace / "a.txt").write_text("original")
+    server = CheckpointdServer(_settings(base))
+    server.start()
+    plan_id = str(ULID())
+    channel = grpc.insecure_channel(server.addresses[0])
+    stub = pb_grpc.CheckpointServiceStub(channel)
+    target = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                                   timeout=30).checkpoint
+    expected = tree_state(workspace)
+    (workspace / "a.txt").write_text("changed")
+    (workspace / "b.txt").write_text("new")
+    gate = Gate(server.checkpoints.restorer, "apply")
+    request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id,
+                                 scope=pb.ROLLBACK_SCOPE_FILES)
+    result = _drain_while_gated(server, gate, lambda: stub.Rollback.future(request, timeout=120), plan_id)
+    channel.close()
+    assert result.safety_checkpoint.checkpoint_id
+    assert tree_state(workspace) == expected
