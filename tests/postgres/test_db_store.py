@@ -165,6 +165,16 @@ def test_corrupt_or_missing_chunks_are_data_loss(objects, database):
         objects.read_bytes(digest)
 
 
+def test_a_corrupt_compressed_object_is_data_loss(objects, database):
+    with objects.batch() as batch:
+        digest = batch.put_bytes(b"compress me " * 100)
+    with database.engine.begin() as connection:
+        connection.execute(text("UPDATE object_chunks SET data = :data WHERE digest = :d"),
+                           {"data": b"not zlib", "d": digest})
+    with pytest.raises(DataLoss, match="unreadable"):
+        objects.read_bytes(digest)
+
+
 def test_delete_and_iter_digests(objects):
     with objects.batch() as batch:
         digests = [batch.put_bytes(b"object %d" % i) for i in range(5)]

@@ -433,7 +433,10 @@ def _staged_chunks(staged: _Staged, opened) -> Iterator[bytes]:
 
 def _decode(encoding: str, chunks: Iterator[bytes], digest: str) -> Iterator[bytes]:
     if encoding == _ZLIB:
-        yield zlib.decompress(b"".join(chunks))
+        try:
+            yield zlib.decompress(b"".join(chunks))
+        except zlib.error as exc:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}", digest=digest) from None
     elif encoding == _RAW:
         yield from chunks
     else:
