@@ -2,8 +2,8 @@
 
 The same suite runs on SQLite (the default) or PostgreSQL, and with extra serve arguments:
   CHECKPOINTD_TEST_DB_URL      a PostgreSQL server URL (postgresql+psycopg://postgres@127.0.0.1:5432/postgres):
-                               every server then gets a fresh database checkpointd_test_<random>, dropped
-                               when its fixture ends.
+                               every server then gets a fresh database checkpointd_test_<pid>_<random>,
+                               dropped when its fixture ends (or by a later run, if this one died).
   CHECKPOINTD_TEST_SERVER_ARGS extra `checkpointd serve` arguments, shell-split (e.g. "--store db").
 Tests that need PostgreSQL whatever the variant (tests/postgres) use the `postgres` fixture. When no
 PostgreSQL answers, they (and, with CHECKPOINTD_TEST_DB_URL, every test with a server) skip with the
@@ -39,6 +39,8 @@ CHECKPOINTD = str(Path(sys.executable).with_name("checkpointd"))
 TEST_DB_URL = os.environ.get("CHECKPOINTD_TEST_DB_URL", "")
 #: Extra `serve` arguments for every server the fixtures start.
 SERVER_ARGS = tuple(shlex.split(os.environ.get("CHECKPOINTD_TEST_SERVER_ARGS", "")))
+#: Test databases are named PREFIX<pid of the test run>_<random>, so a later run can drop a dead run's.
+TEST_DATABASE_PREFIX = "checkpointd_test_"
 #: Where the PostgreSQL-only tests look when CHECKPOINTD_TEST_DB_URL is not set.
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -159,7 +161,7 @@ class PostgresDatabases:
         return ""
 
     def create(self) -> str:
-        name = f"checkpointd_test_{uuid.uuid4().hex[:16]}"
+        name = f"{TEST_DATABASE_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
         with self._admin.connect() as connection:
             connection.execute(text(f'CREATE DATABASE "{name}"'))
         self.created.append(name)
@@ -172,10 +174,35 @@ class PostgresDatabases:
         if name in self.created:
             self.created.remove(name)
 
+    def sweep_orphans(self) -> list[str]:
+        """Drops the test databases of test runs on this machine that died without cleaning up."""
+        if self.server_url.host not in ("127.0.0.1", "localhost", "::1", None):
+            return []
+        with self._admin.connect() as connection:
+            names = connection.execute(text("SELECT datname FROM pg_database WHERE datname LIKE :prefix"),
+                                       {"prefix": TEST_DATABASE_PREFIX.replace("_", r"\_") + "%"}).scalars().all()
+        orphans = []
+        for name in names:
+            pid = name.removeprefix(TEST_DATABASE_PREFIX).split("_", 1)[0]
+            if pid.isdigit() and not _process_exists(int(pid)):
+                self.drop(self.server_url.set(database=name).render_as_string(hide_password=False))
+                orphans.append(name)
+        return orphans
+
     def close(self) -> None:
         for name in list(self.created):
             self.drop(self.server_url.set(database=name).render_as_string(hide_password=False))
         self._admin.dispose()
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _postgres_or_skip(server_url: str) -> PostgresDatabases:
@@ -187,6 +214,7 @@ def _postgres_or_skip(server_url: str) -> PostgresDatabases:
         if os.environ.get("CI") == "true":
             pytest.fail(message + " (CI=true: the PostgreSQL tests must run)", pytrace=False)
         pytest.skip(message)
+    databases.sweep_orphans()
     return databases
 
 
