@@ -19,9 +19,11 @@ from checkpointd.core.db import (
     BASELINE_REVISION,
     SCHEMA_VERSION_TABLE,
     Database,
+    DatabaseUrlError,
     SchemaError,
     alembic_config,
     known_revisions,
+    normalize_url,
 )
 from checkpointd.core.models import CheckpointRow, ConfigRow, OperationRow
 from tests.conftest import CHECKPOINTD, RunningServer
@@ -225,3 +227,21 @@ def test_replicas_starting_together_migrate_once(pg_url):
     assert execute(pg_url, f"SELECT version_num FROM {SCHEMA_VERSION_TABLE}") == [(HEAD,)]
     tables = set(inspect(create_engine(Database(pg_url).url)).get_table_names())
     assert {"plans", "checkpoints", "operations", "config_values", "objects", "object_chunks"} <= tables
+
+
+@pytest.mark.parametrize(("url", "normalized"), [
+    ("sqlite:////var/lib/checkpointd/meta.db", "sqlite:////var/lib/checkpointd/meta.db"),
+    ("postgresql://cp:pw@db:5432/checkpointd", "postgresql+psycopg://cp:pw@db:5432/checkpointd"),
+    ("postgres://db/checkpointd", "postgresql+psycopg://db/checkpointd"),
+    ("postgresql+psycopg://db/checkpointd", "postgresql+psycopg://db/checkpointd"),
+])
+def test_database_urls_select_sqlite_or_postgresql_with_psycopg(url, normalized):
+    assert normalize_url(url) == normalized
+
+
+@pytest.mark.parametrize("url", ["mysql://root:secret@db/checkpointd", "postgresql+psycopg2://u:secret@db/x",
+                                 "not a url with secret"])
+def test_other_database_urls_are_refused_without_echoing_them(url):
+    with pytest.raises(DatabaseUrlError) as refused:
+        normalize_url(url)
+    assert "secret" not in str(refused.value)

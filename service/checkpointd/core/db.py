@@ -54,15 +54,21 @@ class SchemaError(RuntimeError):
     """The database holds a schema this server cannot use; it must not start on it."""
 
 
+class DatabaseUrlError(ValueError):
+    """A database URL this server cannot use."""
+
+
 def normalize_url(url: str) -> str:
     """The URL with its driver made explicit; anything but SQLite or PostgreSQL (psycopg 3) is refused."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ValueError(f"invalid database URL {url!r}: {exc}") from None
+    except ArgumentError:
+        # The URL itself is not echoed: it may hold a password.
+        raise DatabaseUrlError("the database URL cannot be parsed: use sqlite:///PATH or "
+                               "postgresql+psycopg://USER@HOST:PORT/DB") from None
     driver = _DRIVERS.get(parsed.drivername)
     if driver is None:
-        raise ValueError(f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
+        raise DatabaseUrlError(f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
                          "postgresql+psycopg://USER@HOST:PORT/DB")
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
