@@ -3,19 +3,17 @@ integrity check, workspace mutations and canaries."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import random
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from checkpointd.core.faults import Action
+from checkpointd.core.faults import FAULT_DIR_VARIABLE, Action
 from checkpointd.core.fsck import FsckReport, check_data_dir
 from tests.helpers import tree_state
 
@@ -24,27 +22,22 @@ FAULT_VARIABLES = tuple(action.value for action in Action)
 GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
-@contextlib.contextmanager
-def fault_environment(**variables: str) -> Iterator[None]:
-    """Sets fault variables for a server started inside the block (the child copies them)."""
-    saved = {name: os.environ.get(name) for name in FAULT_VARIABLES}
-    for name in FAULT_VARIABLES:
-        os.environ.pop(name, None)
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def start_with_faults(server, **variables: str) -> None:
-    """(Re)starts ``server`` with e.g. CHECKPOINTD_CRASH_AT="restore.change:3"."""
-    with fault_environment(**variables):
+    """(Re)starts ``server`` with faults armed, e.g. CHECKPOINTD_CRASH_AT="restore.change:3".
+
+    The variables go on that one server's command line (``env NAME=VALUE checkpointd ...``; env
+    execs, so the process is the server itself), never into this process's environment: servers
+    of tests running side by side each get their own faults.
+    """
+    unknown = set(variables) - set(FAULT_VARIABLES) - {FAULT_DIR_VARIABLE}
+    assert not unknown, f"not fault variables: {unknown}"
+    plain = type(server).command
+    unset = [arg for name in (*FAULT_VARIABLES, FAULT_DIR_VARIABLE) for arg in ("-u", name)]
+    server.command = lambda: ["env", *unset, *(f"{k}={v}" for k, v in variables.items()), *plain(server)]
+    try:
         server.start()
+    finally:
+        del server.command
 
 
 def fsck(server, full: bool = True) -> FsckReport:

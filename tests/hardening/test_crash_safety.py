@@ -14,6 +14,7 @@ import os
 import random
 import signal
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,13 +235,30 @@ def _assert_coverage(driver: CrashDriver, kills_wanted: int) -> None:
           + f"; during recovery: {sum(k.during == 'recovery' for k in driver.kills)}")
 
 
-def test_kill_dash_nine_at_fifty_seeded_points_loses_nothing(idle_server) -> None:
-    driver = run_crash_campaign(idle_server, SEED, kills_wanted=50)
-    _assert_coverage(driver, 50)
+def run_parallel_campaigns(idle_servers, seeds: list[int], kills_each: int) -> list[CrashDriver]:
+    """Independent campaigns on their own servers at once: a kill costs a server start, and
+    starts overlap."""
+    with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
+        futures = [pool.submit(run_crash_campaign, idle_servers(), seed, kills_each) for seed in seeds]
+        return [future.result() for future in futures]
+
+
+def _assert_coverage(drivers: list[CrashDriver], kills_wanted: int) -> None:
+    kills = [k for driver in drivers for k in driver.kills]
+    points = Counter(k.point for k in kills)
+    assert len(kills) >= kills_wanted
+    assert {k.during for k in kills} >= {"CreateCheckpoint", "Rollback", "recovery"}
+    assert sum(points[p] for p in CREATE_POINTS) > 0 and sum(points[p] for p in ROLLBACK_POINTS) > 0
+    print(f"\n{len(kills)} kills: " + ", ".join(f"{p.value} x{n}" for p, n in sorted(points.items()))
+          + f"; during recovery: {sum(k.during == 'recovery' for k in kills)}")
+
+
+def test_kill_dash_nine_at_fifty_seeded_points_loses_nothing(idle_servers) -> None:
+    drivers = run_parallel_campaigns(idle_servers, [SEED, SEED + 1], kills_each=25)
+    _assert_coverage(drivers, 50)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [SEED + 1, SEED + 2, SEED + 3])
-def test_kill_dash_nine_campaigns_with_more_seeds(idle_server, seed: int) -> None:
-    driver = run_crash_campaign(idle_server, seed, kills_wanted=60)
-    _assert_coverage(driver, 60)
+def test_kill_dash_nine_at_a_hundred_more_seeded_points(idle_servers) -> None:
+    drivers = run_parallel_campaigns(idle_servers, [SEED + 2, SEED + 3], kills_each=50)
+    _assert_coverage(drivers, 100)
