@@ -151,7 +151,7 @@ def test_a_restarted_server_does_not_read_unchanged_files_again(tmp_path, monkey
     real = snapshot_module._read_files
 
     def spy(dir_fd, names, batch, *rest):
-        read.extend(names)
+        read.extend(name for name, _similar in names)
         return real(dir_fd, names, batch, *rest)
 
     monkeypatch.setattr(snapshot_module, "_read_files", spy)
@@ -195,3 +195,26 @@ def test_a_mostly_deleted_pack_is_compacted_and_its_live_objects_survive(tmp_pat
     reopened = ContentStore(tmp_path)
     assert sorted(reopened.iter_digests()) == sorted(contents)
     assert all(reopened.read_bytes(d) == data for d, data in contents.items())
+
+
+def test_new_versions_are_stored_as_deltas_and_stay_readable_when_their_base_is_deleted(tmp_path):
+    store = ContentStore(tmp_path)
+    versions = [b"".join(b"line %d of a file that grows by one line per version\n" % i for i in range(n))
+                for n in range(40, 52)]
+    digests = []
+    previous = ""
+    for data in versions:
+        with store.batch() as batch:
+            previous = batch.put_bytes(data, previous)
+        digests.append(previous)
+    kinds = [store._committed[d].kind for d in digests]
+    assert kinds.count(b"X") >= len(versions) - 2, kinds
+    assert max(store._committed[d].depth for d in digests) <= store_module.MAX_DELTA_DEPTH
+    reopened = ContentStore(tmp_path)
+    assert [reopened.read_bytes(d) for d in digests] == versions
+    for digest in digests[:6]:
+        reopened.delete(digest)
+    assert [reopened.read_bytes(d) for d in digests[6:]] == versions[6:]
+    again = ContentStore(tmp_path)
+    assert [again.read_bytes(d) for d in digests[6:]] == versions[6:]
+    assert not any(again.has(d) for d in digests[:6])

@@ -297,3 +297,11 @@ def _workspace(engines):
     from checkpointd.core.workspace import Workspace
 
     return Workspace(str(engines.root))
+
+
+def test_a_removed_cookie_directory_is_recreated_and_captures_stay_incremental(engines, tmp_path):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    shutil.rmtree(tmp_path / "cookies")
+    write(engines.root / "pkg0/sub0/file0.txt", "changed after the cookie directory vanished\n")
+    engines.check()

@@ -177,7 +177,9 @@ class Capturer:
         result = self.snapshotter.capture(workspace, state.rules, max_size, batch, self._hook(journal))
         state.base = _Base(settings, result.tree, result.file_count, result.total_size,
                            {s.path: s for s in result.skipped}, getattr(self.store, "deletions", None))
-        return result, changes
+        # Watches were dropped and added again during the scan: if its batch is not committed,
+        # what happened meanwhile is known only to that scan, so the next capture scans fully.
+        return result, Changes(changes.dirty, reason or "a full scan was not committed")
 
     def _still_stored(self, base: _Base) -> bool:
         """Garbage collection deletes only what no checkpoint reaches: if the base's root node
@@ -271,7 +273,8 @@ class Capturer:
             delta.set(path, old, Entry(EntryKind.FILE, mode, known.size, known.digest))
             return
         now_ns = time.time_ns()
-        result = read_file(parent_fd, name, batch)
+        previous = old.digest if old is not None and old.kind is EntryKind.FILE else ""
+        result = read_file(parent_fd, name, batch, previous)
         if result is None:
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_UNREADABLE))
             return

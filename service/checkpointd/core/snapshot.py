@@ -186,7 +186,7 @@ class Snapshotter:
                         tally.file_count += 1
                         tally.total_size += known.size
                     else:
-                        to_read.append((name, path, st))
+                        to_read.append((name, path, st, known.digest if known is not None else ""))
                 elif stat.S_ISLNK(mode):
                     try:
                         entry = symlink_entry(os.readlink(name, dir_fd=dir_fd))
@@ -198,7 +198,7 @@ class Snapshotter:
                 else:
                     tally.skipped.append(Skipped(path, st.st_size, SKIP_UNSUPPORTED))
             walked.read_at = time.time_ns()
-            names = [name for name, _, _ in to_read]
+            names = [(name, similar) for name, _, _, similar in to_read]
             if len(names) >= _PARALLEL_MIN_FILES:
                 step = -(-len(names) // self._workers)
                 chunks = [names[i:i + step] for i in range(0, len(names), step)]
@@ -219,7 +219,7 @@ class Snapshotter:
         results = walked.results
         if walked.futures:
             results = [result for future in walked.futures for result in future.result()]
-        for (name, path, st), result in zip(walked.to_read, results, strict=True):
+        for (name, path, st, _), result in zip(walked.to_read, results, strict=True):
             if result is None:
                 tally.skipped.append(Skipped(path, st.st_size, SKIP_UNREADABLE))
                 continue
@@ -267,7 +267,8 @@ class _Walked:
 
     def __init__(self) -> None:
         self.children: dict[str, Entry] = {}
-        self.to_read: list[tuple[str, str, os.stat_result]] = []
+        #: (name, path, stat, digest of its previous version or "")
+        self.to_read: list[tuple[str, str, os.stat_result, str]] = []
         self.subdirs: list[tuple[str, int, _Walked]] = []
         self.futures: list[Future] = []
         self.results: list[tuple[Entry, os.stat_result] | None] = []
@@ -290,17 +291,18 @@ class _CloseWhenDone:
             os.close(self._fd)
 
 
-def _read_files(dir_fd: int, names: list[str], batch: Batch,
+def _read_files(dir_fd: int, names: list[tuple[str, str]], batch: Batch,
                 closer: _CloseWhenDone | None = None) -> list[tuple[Entry, os.stat_result] | None]:
     try:
-        return [read_file(dir_fd, name, batch) for name in names]
+        return [read_file(dir_fd, name, batch, similar) for name, similar in names]
     finally:
         if closer is not None:
             closer.done()
 
 
-def read_file(dir_fd: int, name: str, batch: Batch) -> tuple[Entry, os.stat_result] | None:
-    """Stores one regular file's content; None when it cannot be read as a regular file."""
+def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "") -> tuple[Entry, os.stat_result] | None:
+    """Stores one regular file's content (``similar``: its previous version's digest, if
+    known); None when it cannot be read as a regular file."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
@@ -309,7 +311,10 @@ def read_file(dir_fd: int, name: str, batch: Batch) -> tuple[Entry, os.stat_resu
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
             return None
-        digest, size = batch.put_fd(fd, opened.st_size)
+        if similar and isinstance(batch, Batch):
+            digest, size = batch.put_fd(fd, opened.st_size, similar)
+        else:
+            digest, size = batch.put_fd(fd, opened.st_size)
     finally:
         os.close(fd)
     return Entry(EntryKind.FILE, file_mode(opened), size, digest), opened

@@ -42,7 +42,15 @@ log = logging.getLogger("checkpointd.store")
 
 _RAW = b"R"
 _ZLIB = b"Z"
+_DELTA = b"X"
 _DELETED = b"D"
+#: A delta is zlib with the content of another object (its base) as preset dictionary:
+#: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
+#: directory node is stored against the previous one; chains stay short to bound reads.
+_DELTA_HEADER = struct.Struct(">32sB")
+MAX_DELTA_DEPTH = 8
+#: zlib looks back 32 KiB at most: beyond that a base helps little.
+_DELTA_LIMIT = 64 << 10
 #: Objects up to this size are compressed in memory when that makes them smaller, and packed.
 _COMPRESS_LIMIT = 1 << 20
 _CHUNK = 1 << 20
@@ -145,6 +153,9 @@ class _Location:
     offset: int = 0
     length: int = 0
     kind: bytes = _RAW
+    #: Deltas only: the base's digest and how many deltas deep this one is.
+    base: str = ""
+    depth: int = 0
 
 
 class _Pack:
@@ -159,7 +170,7 @@ class _Pack:
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
 
-    def append(self, digest: str, kind: bytes, body: bytes) -> _Location:
+    def append(self, digest: str, kind: bytes, body: bytes, base: str = "", depth: int = 0) -> _Location:
         record = _RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body
         with self._append_lock:
             offset = self.size
@@ -172,7 +183,7 @@ class _Pack:
                     os.ftruncate(self.fd, offset)
                 raise _storage_error(exc) from exc
             self.size = offset + len(record)
-        return _Location(self, offset + _RECORD.size, len(body), kind)
+        return _Location(self, offset + _RECORD.size, len(body), kind, base, depth)
 
     def sync_to(self, end: int) -> None:
         """Makes the pack durable at least up to ``end``; one fdatasync serves every waiter."""
@@ -221,8 +232,16 @@ class ContentStore:
         self._retired: list[_Pack] = []
         #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
         self.deletions = 0
+        #: base digest -> digests stored as deltas against it (rewritten in full before it is deleted)
+        self._dependents: dict[str, set[str]] = {}
+        self._unverified: list[tuple[str, _Location]] = []
         self._index_loose()
         self._open_packs()
+        for digest, location in self._unverified:
+            if self._committed.get(digest) is location and not self._verifies(digest, location):
+                log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
+                del self._committed[digest]
+        self._unverified = []
 
     def referencing(self) -> contextlib.AbstractContextManager[None]:
         """Hold while writing objects and committing the metadata that references them:
@@ -270,17 +289,29 @@ class ContentStore:
                 buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
             raw_digest, kind, length = _RECORD.unpack_from(buffer, offset - buffer_start)
             body_at = offset + _RECORD.size
-            if kind not in (_RAW, _ZLIB, _DELETED) or body_at + length > size:
+            if kind not in (_RAW, _ZLIB, _DELTA, _DELETED) or body_at + length > size:
                 break
             digest = raw_digest.hex()
-            location = _Location(pack, body_at, length, kind)
-            if body_at + length > durable_hint and kind != _DELETED and not self._verifies(digest, location):
-                break
+            if kind == _DELTA:
+                if length < _DELTA_HEADER.size:
+                    break
+                raw_base, depth = _DELTA_HEADER.unpack(os.pread(pack.fd, _DELTA_HEADER.size, body_at))
+                location = _Location(pack, body_at, length, kind, raw_base.hex(), depth)
+            else:
+                location = _Location(pack, body_at, length, kind)
+            if body_at + length > durable_hint and kind != _DELETED:
+                if kind == _DELTA:
+                    # Its base may be in a later pack (moved by a compaction): checked once all are read.
+                    self._unverified.append((digest, location))
+                elif not self._verifies(digest, location):
+                    break
             previous = self._committed.pop(digest, None) if kind == _DELETED else self._committed.get(digest)
             if previous is not None and previous.pack is not None:
                 self._dead[previous.pack] = self._dead.get(previous.pack, 0) + _RECORD.size + previous.length
             if kind != _DELETED:
                 self._committed[digest] = location
+                if kind == _DELTA:
+                    self._dependents.setdefault(location.base, set()).add(digest)
             offset = body_at + length
         if offset != size:
             os.ftruncate(pack.fd, offset)
@@ -290,12 +321,16 @@ class ContentStore:
     def _verifies(self, digest: str, location: _Location) -> bool:
         try:
             return hashlib.sha256(self._unpack(location, location.pack.read(location))).hexdigest() == digest
-        except (OSError, zlib.error):
+        except (OSError, zlib.error, DataLoss):
             return False
 
-    @staticmethod
-    def _unpack(location: _Location, body: bytes) -> bytes:
-        return zlib.decompress(body) if location.kind == _ZLIB else body
+    def _unpack(self, location: _Location, body: bytes) -> bytes:
+        if location.kind == _ZLIB:
+            return zlib.decompress(body)
+        if location.kind == _DELTA:
+            decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
+            return decompressor.decompress(body[_DELTA_HEADER.size:]) + decompressor.flush()
+        return body
 
     def _writable_pack(self) -> _Pack:
         active = self._active
@@ -402,6 +437,7 @@ class ContentStore:
     # -- deleting -----------------------------------------------------------------------
 
     def delete(self, digest: str) -> None:
+        self._rewrite_dependents(digest)
         location = self._committed.pop(digest, None)
         self.deletions += 1
         with contextlib.suppress(FileNotFoundError):
@@ -414,12 +450,28 @@ class ContentStore:
             if pack is not self._active and self._dead[pack] * 2 > pack.size:
                 self._compact(pack)
 
+    def _rewrite_dependents(self, base: str) -> None:
+        """Stores in full every object kept as a delta against ``base``, before ``base`` goes."""
+        rewritten: dict[_Pack, int] = {}
+        for dependent in self._dependents.pop(base, set()):
+            location = self._committed.get(dependent)
+            if location is None or location.kind != _DELTA or location.base != base:
+                continue
+            kind, body = _pack_body(self.read_bytes(dependent))
+            new = self._writable_pack().append(dependent, kind, body)
+            rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
+            self._dead[location.pack] = self._dead.get(location.pack, 0) + _RECORD.size + location.length
+            self._committed[dependent] = new
+        for pack, end in rewritten.items():
+            pack.sync_to(end)
+
     def _compact(self, pack: _Pack) -> None:
         """Moves a mostly dead pack's live records to the active pack, then removes it. Called
         by ``delete``, that is under ``collecting()``: no batch is between writing and committing."""
         moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
         target = self._writable_pack()
-        moved = {digest: target.append(digest, location.kind, pack.read(location)) for digest, location in moving}
+        moved = {digest: target.append(digest, location.kind, pack.read(location), location.base, location.depth)
+                 for digest, location in moving}
         target.sync_to(target.size)
         for digest, location in moved.items():
             if self._committed.get(digest) is not None:
@@ -508,19 +560,39 @@ class Batch:
             self.store._staged.setdefault(digest, location)
         return True
 
-    def put_bytes(self, data: bytes) -> str:
+    def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
+        """Stores ``data``; ``similar`` names a stored object like it (its previous version),
+        which it may be stored as a delta against (``similar_data``: its content, if at hand)."""
         digest = digest_bytes(data)
         if self._known(digest):
             return digest
         if len(data) > _COMPRESS_LIMIT:
             self._put_loose(digest, (data,))
             return digest
+        if similar and len(data) <= _DELTA_LIMIT and self._put_delta(digest, data, similar, similar_data):
+            return digest
         kind, body = _pack_body(data)
-        self._put_packed(digest, kind, body)
+        self._publish(digest, self.store._writable_pack().append(digest, kind, body))
         return digest
 
-    def _put_packed(self, digest: str, kind: bytes, body: bytes) -> None:
-        self._publish(digest, self.store._writable_pack().append(digest, kind, body))
+    def _put_delta(self, digest: str, data: bytes, base: str, base_data: bytes | None) -> bool:
+        location = self.store._committed.get(base)
+        if location is None or location.pack is None or location.depth >= MAX_DELTA_DEPTH:
+            return False
+        try:
+            if base_data is None:
+                base_data = self.store.read_bytes(base)
+        except DataLoss:
+            return False
+        compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
+        delta = compressor.compress(data) + compressor.flush()
+        # Worth it only when clearly smaller than the object compressed on its own would be.
+        if len(delta) * 4 > len(data):
+            return False
+        depth = location.depth + 1
+        body = _DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
+        self._publish(digest, self.store._writable_pack().append(digest, _DELTA, body, base, depth))
+        return True
 
     def _stage(self) -> tuple[int, Path]:
         path = self.store.staging / uuid.uuid4().hex
@@ -542,11 +614,12 @@ class Batch:
         if not self._publish(digest, _StagedFile(None, path=staged)):
             staged.unlink()
 
-    def put_fd(self, src_fd: int, expected_size: int) -> tuple[str, int]:
-        """Stores the content readable from ``src_fd``; returns (digest, size read)."""
+    def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
+        """Stores the content readable from ``src_fd``; returns (digest, size read). See
+        ``put_bytes`` for ``similar``."""
         if expected_size <= _COMPRESS_LIMIT:
             data = _read_all(src_fd, expected_size)
-            return self.put_bytes(data), len(data)
+            return self.put_bytes(data, similar), len(data)
         hasher = hashlib.sha256()
         size = 0
         fd, staged = self._stage()
@@ -580,6 +653,8 @@ class Batch:
         for digest, location in self._pending.items():
             self._count_dead(committed.get(digest))
             committed[digest] = _Location(None) if isinstance(location, _StagedFile) else location
+            if location.kind == _DELTA:
+                self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)
 

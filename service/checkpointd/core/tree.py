@@ -77,8 +77,14 @@ class Trees:
         return self._read(digest)
 
     @staticmethod
-    def write(batch: Batch, children: Mapping[str, Entry]) -> str:
-        return batch.put_bytes(encode_node(children))
+    def write(batch: Batch, children: Mapping[str, Entry], previous: Mapping[str, Entry] | None = None,
+              previous_digest: str = "") -> str:
+        """Stores a node; ``previous`` (the node it replaces, stored as ``previous_digest``)
+        lets the store keep just the difference."""
+        data = encode_node(children)
+        if previous_digest and isinstance(batch, Batch):
+            return batch.put_bytes(data, previous_digest, encode_node(previous))
+        return batch.put_bytes(data)
 
     def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
         for name, entry in self.read(digest).items():
@@ -130,7 +136,8 @@ class Trees:
         for path, entry in updates.items():
             head, _, rest = path.partition("/")
             grouped.setdefault(head, {})[rest] = entry
-        children = dict(self.read(root))
+        previous = self.read(root)
+        children = dict(previous)
         for name, sub in grouped.items():
             old = children.get(name)
             own = sub.pop("", old)
@@ -147,4 +154,4 @@ class Trees:
             if sub:
                 subtree = self.apply(batch, subtree, sub)
             children[name] = Entry(EntryKind.DIR, own.mode, 0, subtree)
-        return self.write(batch, children)
+        return self.write(batch, children, previous, root if root != EMPTY_TREE else "")

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,9 +69,21 @@ def cookie_directory(fallback: Path) -> Path:
     cookie costs a file creation and removal per capture); ``fallback`` otherwise."""
     for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
         if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+            _remove_orphans(Path(candidate))
             with contextlib.suppress(OSError):
-                return Path(tempfile.mkdtemp(prefix="checkpointd-cookies-", dir=candidate))
+                return Path(tempfile.mkdtemp(prefix=f"{_COOKIE_PREFIX}{os.getpid()}-", dir=candidate))
     return fallback
+
+
+_COOKIE_PREFIX = "checkpointd-cookies-"
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Cookie directories of servers that are gone (killed before they could clean up)."""
+    for leftover in parent.glob(f"{_COOKIE_PREFIX}*-*"):
+        pid = leftover.name.removeprefix(_COOKIE_PREFIX).partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _default_watch_budget() -> int:
@@ -129,6 +142,8 @@ class Watcher:
         self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
         self._thread.start()
+        # The cookie directory may be on a shared memory file system: leave nothing behind.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, cookie_dir, True)
 
     # -- the reader -----------------------------------------------------------------------
 
@@ -317,7 +332,11 @@ class Watcher:
             self._cookies[name] = arrived
         path = self._cookie_dir / name
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            except FileNotFoundError:
+                self._restore_cookie_dir()
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
             # inotify queues an event within the system call that causes it, so the cookie's is
             # already queued: read it here rather than wait for the reader thread to be scheduled.
             with self._reading:
@@ -334,6 +353,13 @@ class Watcher:
                 self._cookies.pop(name, None)
             with contextlib.suppress(OSError):
                 path.unlink()
+
+    def _restore_cookie_dir(self) -> None:
+        """Someone removed the cookie directory: make it and watch it again."""
+        log.warning("watch cookie directory %s disappeared; recreating it", self._cookie_dir)
+        self._cookie_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._cookie_wd = self._inotify.add_watch(str(self._cookie_dir), in_flags.CREATE | in_flags.ONLYDIR)
 
     def take(self, journal: Journal) -> Changes:
         """Takes the journal's dirty paths (call after ``sync``); they are the capture's to
@@ -374,4 +400,4 @@ class Watcher:
         self._inotify.close()
         os.close(self._stop_read)
         os.close(self._stop_write)
-        shutil.rmtree(self._cookie_dir, ignore_errors=True)
+        self._cleanup()
