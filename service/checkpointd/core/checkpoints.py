@@ -547,11 +547,12 @@ class Checkpoints:
         """Brings the paths an interrupted rollback covers to its goal (the target, or for an undo
         the safety checkpoint), then drops its journal entry. If the workspace is no longer what
         the journaled safety checkpoint holds (the rollback got part-way, or someone wrote since),
-        it is recorded as a new safety checkpoint first. Called with the plan's lock held."""
+        it is recorded as a new safety checkpoint first. Called with the plan's lock and the store's
+        ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
         workspace = Workspace(entry.workspace_root, entry.temp_tag)
         for directory in entry.directories:
             workspace.remove_temp_files(directory, entry.temp_tag)
-        with self.store.referencing(), self.db.session() as session:
+        with self.db.session() as session:
             if session.get(CheckpointRow, entry.safety_checkpoint_id) is None:
                 log.info("the rollback of plan %s to %s stopped before its safety checkpoint committed; nothing "
                          "had changed", entry.plan_id, entry.target_checkpoint_id)
@@ -622,7 +623,7 @@ class Checkpoints:
         server serves. Returns the plans it could not finish: their journal stays for the next start."""
         stuck = []
         for plan_id in self.journal.plan_ids():
-            with self._plan_lock(plan_id):
+            with self._plan_lock(plan_id), self.store.referencing():
                 entry = self._journal_entry(plan_id)
                 if entry is None:
                     continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from checkpointd.core.errors import Reason, ResourceExhausted
 from checkpointd.core.faults import Point, crash_point
 
 log = logging.getLogger("checkpointd.journal")
@@ -97,17 +99,23 @@ class RollbackJournal:
     def write(self, entry: JournalEntry) -> None:
         """Makes ``entry`` durable, replacing the plan's previous one."""
         temp = self.directory / f"{entry.plan_id}.{uuid.uuid4().hex}{_TEMP_SUFFIX}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(entry.to_json())
-                out.flush()
-                os.fsync(out.fileno())
-            os.rename(temp, self._path(entry.plan_id))
-        except BaseException:
-            temp.unlink(missing_ok=True)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(entry.to_json())
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.rename(temp, self._path(entry.plan_id))
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+            self._sync_directory()
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhausted(Reason.STORAGE_EXHAUSTED,
+                                        f"no room for the rollback journal: {exc.strerror}") from exc
             raise
-        self._sync_directory()
         crash_point(Point.ROLLBACK_JOURNALED)
 
     def remove(self, plan_id: str) -> None:
