@@ -386,7 +386,8 @@ class ContentStore:
         return location
 
     def _open_loose(self, digest: str):
-        """Opens a committed loose object, or one still staged by an open batch."""
+        """Opens a committed loose object, or one still staged by an open batch (looked up
+        twice: its batch may rename it to its final name in between)."""
         for _ in range(2):
             location = self._locate(digest)
             candidates = [self.path_of(digest)]
