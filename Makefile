@@ -32,8 +32,15 @@ proto: $(INSTALLED)
 run: install
 	$(BIN)/checkpointd serve
 
+# The core and interceptor suites run three ways: SQLite + disk store + file watcher (the
+# whole suite), PostgreSQL + database store, and with the file watcher off.
+POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
+CORE_SUITES := tests/service tests/clients tests/features
+
 test: install $(NODE_INSTALLED)
 	$(BIN)/pytest
+	CHECKPOINTD_TEST_DB_URL=$(POSTGRES_URL) CHECKPOINTD_TEST_SERVER_ARGS="--store db" $(BIN)/pytest $(CORE_SUITES)
+	CHECKPOINTD_TEST_SERVER_ARGS="--watcher off" $(BIN)/pytest tests/service tests/e2e
 	cd $(NODE_DIR) && npm test
 
 lint: install $(NODE_INSTALLED)
@@ -45,3 +52,9 @@ lint: install $(NODE_INSTALLED)
 clean:
 	rm -rf $(VENV)
 	find protos \( -name '*_pb2*.py*' -o -name '__init__.py' \) -delete
+
+# Side-by-side figures against a shadow-git baseline (tests/bench/README.md); BENCH_ARGS=--quick for a short run.
+BENCH_ARGS ?= --sizes 1000,10000,100000 --repeat 5
+bench: install
+	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+	$(BIN)/python tests/bench/bench_postgres.py
