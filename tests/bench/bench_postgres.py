@@ -230,6 +230,38 @@ def explain_list(url: str, plan_id: str) -> str:
         engine.dispose()
 
 
+def query_latency(engine_name: str, url: str, plan_id: str, total: int, result: Result) -> None:
+    """The list query alone, in the database, at random depths: what the index costs, without
+    the server's row conversion and gRPC."""
+    statement = text("SELECT * FROM checkpoints WHERE plan_id = :p AND sequence < :s "
+                     f"ORDER BY sequence DESC LIMIT {PAGE_SIZE + 1}")
+    engine = create_engine(url)
+    samples = []
+    try:
+        with engine.connect() as connection:
+            for n in range(200):
+                before = total - (n * 7919) % total
+                began = time.perf_counter()
+                rows = connection.execute(statement, {"p": plan_id, "s": before}).all()
+                samples.append(time.perf_counter() - began)
+                if [r.sequence for r in rows] != list(range(before - 1, max(0, before - 2 - PAGE_SIZE), -1)):
+                    result.wrong.append(f"{engine_name}: the list query below {before} returned other rows")
+        if url.startswith("postgresql"):
+            inside = []
+            with engine.connect() as connection:
+                for n in range(50):
+                    before = total - (n * 7919) % total
+                    plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM checkpoints WHERE "
+                                                   "plan_id = :p AND sequence < :s ORDER BY sequence DESC "
+                                                   f"LIMIT {PAGE_SIZE + 1}"), {"p": plan_id, "s": before}).scalar()
+                    inside.append(plan[0]["Execution Time"] / 1000)
+            result.rows.extend(latency_rows(engine_name, f"list query executing inside PostgreSQL, random page of "
+                                                         f"{total}", inside))
+    finally:
+        engine.dispose()
+    result.rows.extend(latency_rows(engine_name, f"list query + driver decoding, random page of {total}", samples))
+
+
 def bench_engine(engine: str, args: argparse.Namespace, base: Path, result: Result) -> None:
     with database_for(engine, args.postgres_url, base) as url:
         server = RunningServer(base / engine, db_url=url, extra_args=("--store", args.store))
@@ -253,6 +285,7 @@ def bench_engine(engine: str, args: argparse.Namespace, base: Path, result: Resu
                                        "bool", {"plan": plan}))
                 log(f"{engine}: list latency")
                 list_latency(engine, stub, plan_id, args.checkpoints, result)
+                query_latency(engine, url, plan_id, args.checkpoints, result)
         finally:
             server.stop()
 
@@ -260,10 +293,10 @@ def bench_engine(engine: str, args: argparse.Namespace, base: Path, result: Resu
 def print_table(result: Result, args: argparse.Namespace) -> None:
     print(f"\ncheckpointd on PostgreSQL: state-only creates and ListCheckpoints at {args.checkpoints} checkpoints "
           f"(store={args.store}, fill={args.fill}, page size {PAGE_SIZE})")
-    print(f"{'engine':<11} {'metric':<58} {'value':>12}  unit")
+    print(f"{'engine':<11} {'metric':<70} {'value':>12}  unit")
     for row in result.rows:
         value = f"{row.value:.3f}" if row.unit != "bool" else ("yes" if row.value else "NO")
-        print(f"{row.engine:<11} {row.metric:<58} {value:>12}  {row.unit}")
+        print(f"{row.engine:<11} {row.metric:<70} {value:>12}  {row.unit}")
     for wrong in result.wrong:
         print(f"WRONG: {wrong}")
 
