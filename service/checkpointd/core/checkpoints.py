@@ -50,7 +50,7 @@ from checkpointd.core.tree import Change, Entry, EntryKind, Trees
 from checkpointd.core.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
 from checkpointd.core.watcher import Watcher, cookie_directory
 from checkpointd.core.watcher import available as watcher_available
-from checkpointd.core.workspace import UnsafePath, Workspace, validate_relpath
+from checkpointd.core.workspace import UnsafePath, Workspace, is_under, validate_relpath
 
 log = logging.getLogger("checkpointd.engine")
 
@@ -387,11 +387,15 @@ class Checkpoints:
                 target_tree = target.tree_digest
             else:
                 plan = session.get(PlanRow, base.plan_id)
-        if not target_id:
-            with self._plan_lock(base.plan_id), self.store.batch() as batch:
-                target_tree = self._capture(plan, batch)[0].tree
-        changes = self.trees.diff(base.tree_digest, target_tree)
-        return [c for c in changes if not subset or any(c.path == p or c.path.startswith(p + "/") for p in subset)]
+        changes = self.trees.diff(base.tree_digest, target_tree) if target_id else self._diff_live(base, plan)
+        return [c for c in changes if not subset or is_under(c.path, subset)]
+
+    def _diff_live(self, base: CheckpointRow, plan: PlanRow) -> list[Change]:
+        """Diff against a capture that no checkpoint references: the GC fence is held
+        until the diff has read every node of it."""
+        with self._plan_lock(base.plan_id), self.store.referencing(), self.store.batch() as batch:
+            live_tree = self._capture(plan, batch)[0].tree
+            return list(self.trees.diff(base.tree_digest, live_tree))
 
     @staticmethod
     def _subset(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
