@@ -121,11 +121,13 @@ def run_plans(server, per_plan: int, sample: int) -> None:
     assert_fsck_clean(server)
 
 
+@pytest.mark.timeout(900)
 def test_eight_plans_with_concurrent_clients_and_rollbacks(fresh_server) -> None:
     run_plans(fresh_server, per_plan=100, sample=10)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_eight_plans_times_a_thousand_checkpoints(fresh_server) -> None:
     run_plans(fresh_server, per_plan=1000, sample=25)
 

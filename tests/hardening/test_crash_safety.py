@@ -253,12 +253,14 @@ def _assert_coverage(drivers: list[CrashDriver], kills_wanted: int) -> None:
           + f"; during recovery: {sum(k.during == 'recovery' for k in kills)}")
 
 
+@pytest.mark.timeout(1200)
 def test_kill_dash_nine_at_fifty_seeded_points_loses_nothing(idle_servers) -> None:
     drivers = run_parallel_campaigns(idle_servers, [SEED, SEED + 1], kills_each=25)
     _assert_coverage(drivers, 50)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_kill_dash_nine_at_a_hundred_more_seeded_points(idle_servers) -> None:
     drivers = run_parallel_campaigns(idle_servers, [SEED + 2, SEED + 3], kills_each=50)
     _assert_coverage(drivers, 100)
