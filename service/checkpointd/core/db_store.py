@@ -486,8 +486,11 @@ class Batch:
         with self.store._staged_lock:
             self.store._staged.setdefault(digest, staged)
 
-    def put_bytes(self, data: bytes) -> str:
-        """Small objects are not looked up in the database (only in what this process knows):
+    def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
+        """Stores ``data``. ``similar``/``similar_data`` (a previous version) are accepted for the
+        disk store's deltas and ignored: the database keeps whole objects.
+
+        Small objects are not looked up in the database (only in what this process knows):
         inserting one that exists costs less than the round trip, and the insert skips it."""
         digest = hashlib.sha256(data).hexdigest()
         if digest in self._pending or self.store._seen(digest) or (len(data) > _CHUNK and self.store.has(digest)):
@@ -501,8 +504,9 @@ class Batch:
             self._publish(digest, self._spill(data))
         return digest
 
-    def put_fd(self, src_fd: int, expected_size: int) -> tuple[str, int]:
-        """Stores the content readable from ``src_fd``; returns (digest, size read)."""
+    def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
+        """Stores the content readable from ``src_fd``; returns (digest, size read). ``similar``
+        is ignored, as in ``put_bytes``."""
         if expected_size <= _CHUNK:
             data = _read_all(src_fd)
             return self.put_bytes(data), len(data)
