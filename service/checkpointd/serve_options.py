@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpointd.api.auth import OpenService, TokenError, TokenSource
+from checkpointd.core.db import DatabaseUrlError, SchemaError
 from checkpointd.datadir_lock import DataDirBusy
 from checkpointd.listeners import ListenerError, TlsFiles
 from checkpointd.logging_setup import LogFormat
@@ -20,7 +21,7 @@ class OptionError(ValueError):
 
 
 #: Errors that mean "the server cannot start as configured": reported as one line, exit 2.
-STARTUP_ERRORS = (OptionError, ListenerError, TokenError, DataDirBusy)
+STARTUP_ERRORS = (OptionError, ListenerError, TokenError, DataDirBusy, SchemaError, DatabaseUrlError)
 
 
 def _env(name: str, default: str = "") -> str:
