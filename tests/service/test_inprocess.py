@@ -4,6 +4,7 @@ and channel), where faults can be injected into the domain underneath."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from types import SimpleNamespace
 
@@ -87,16 +88,23 @@ def test_unexpected_failure_is_internal_with_error_info_and_the_server_keeps_ser
 
 
 def test_disk_full_is_resource_exhausted_and_records_nothing(grpc_stub, engine, ws, monkeypatch):
+    """Every way the store writes (pack appends, staged large objects) runs out of space."""
     plan_id = str(ULID())
+    store_root = str(engine.store.root)
     real_open = store_module.os.open
 
-    def full_disk(path, flags, *args, **kwargs):
-        if str(path).startswith(str(engine.store.staging)):
-            raise OSError(errno.ENOSPC, "No space left on device")
+    def no_space(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_open(path, flags, *args, **kwargs):
+        if str(path).startswith(store_root) and flags & os.O_CREAT:
+            no_space()
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(store_module.os, "open", full_disk)
+    monkeypatch.setattr(store_module.os, "open", full_open)
+    monkeypatch.setattr(store_module.os, "pwrite", no_space)
     (ws / "new-content.txt").write_text("never stored before " + plan_id)
+    (ws / "large.bin").write_bytes(os.urandom(2 << 20))
     with pytest.raises(grpc.RpcError) as caught:
         grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(ws)))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -105,7 +113,8 @@ def test_disk_full_is_resource_exhausted_and_records_nothing(grpc_stub, engine, 
     assert grpc_stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id)).checkpoints == []
     assert list(engine.store.staging.iterdir()) == []
     created = grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(ws)))
-    assert created.checkpoint.sequence == 1
+    assert created.checkpoint.sequence == 1 and created.checkpoint.file_count == 3
+    (ws / "large.bin").unlink()
 
 
 def test_concurrent_creates_on_one_plan_get_gap_free_sequences(grpc_stub, ws):
