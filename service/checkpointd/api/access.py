@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 import grpc
 
+from checkpointd.core import validation
 from checkpointd.logging_setup import request_context, set_checkpoint_id
 
 log = logging.getLogger("checkpointd.access")
 REQUEST_ID_HEADER = "x-request-id"
-_MAX_REQUEST_ID = 128
 
 
 class RpcRecorder(Protocol):
@@ -36,12 +36,13 @@ def _field(message: Any, name: str) -> str:
 
 
 def _request_id(request: Any, metadata: tuple | None) -> str:
-    own = _field(request, "request_id")
-    if own:
-        return own[:_MAX_REQUEST_ID]
-    for key, value in metadata or ():
-        if key == REQUEST_ID_HEADER and isinstance(value, str) and value.isprintable():
-            return value[:_MAX_REQUEST_ID]
+    """The caller's request id when it is a valid one (it is echoed in a header, which
+    must be printable ASCII), else a fresh one."""
+    candidates = [_field(request, "request_id")]
+    candidates += [value for key, value in metadata or () if key == REQUEST_ID_HEADER and isinstance(value, str)]
+    for candidate in candidates:
+        if candidate and validation.is_valid_request_id(candidate):
+            return candidate
     return uuid.uuid4().hex
 
 

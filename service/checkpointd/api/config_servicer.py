@@ -36,7 +36,7 @@ class ConfigServicer(pb_grpc.ConfigServiceServicer):
             effective = self.config.clear(request.key, plan_id)
         else:
             lookup_key(request.key)
-            effective = self.config.set(request.key, convert.value_to_python(request.value), plan_id)
+            effective = self.config.set(request.key, convert.value_to_python(request.value, request.key), plan_id)
         return pb.SetConfigResponse(entry=convert.config_entry(effective))
 
     def WatchConfig(self, request: pb.WatchConfigRequest, context: grpc.ServicerContext) -> Iterator:

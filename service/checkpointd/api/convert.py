@@ -4,6 +4,7 @@ value the server does not know is refused."""
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, TypeVar
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -119,8 +120,24 @@ def change(c: Change) -> pb.FileChange:
                          target_mode=target_mode)
 
 
-def value_to_python(value: struct_pb2.Value) -> Any:
-    return json_format.MessageToDict(value)
+def value_to_python(value: struct_pb2.Value, key: str) -> Any:
+    """A google.protobuf.Value as plain Python; non-finite numbers have no JSON form and are refused."""
+    match value.WhichOneof("kind"):
+        case "number_value":
+            if not math.isfinite(value.number_value):
+                raise InvalidArgument(Reason.INVALID_CONFIG_VALUE, f"invalid value for {key}: not a finite number",
+                                      key=key, detail="not a finite number")
+            return value.number_value
+        case "string_value":
+            return value.string_value
+        case "bool_value":
+            return value.bool_value
+        case "list_value":
+            return [value_to_python(item, key) for item in value.list_value.values]
+        case "struct_value":
+            return {name: value_to_python(item, key) for name, item in value.struct_value.fields.items()}
+        case "null_value" | None:
+            return None
 
 
 def python_to_value(data: Any) -> struct_pb2.Value:

@@ -12,7 +12,7 @@ import grpc
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status, to_status
-from checkpointd.core.errors import CheckpointdError
+from checkpointd.core.errors import CheckpointdError, InvalidArgument, Reason
 
 log = logging.getLogger("checkpointd.rpc")
 
@@ -25,6 +25,33 @@ def _abort_internal(context: grpc.ServicerContext, method: str) -> None:
     log.exception("unexpected error in %s", method)
     status = rich_status(grpc.StatusCode.INTERNAL, "internal error; see server log", "INTERNAL", {"method": method})
     context.abort_with_status(rpc_status.to_status(status))
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes do not parse, so the caller gets
+    INVALID_ARGUMENT instead of gRPC's INTERNAL "Exception deserializing request"."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable | None) -> Callable | None:
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as error:
+            return _Undecodable(error)
+
+    return parse
+
+
+def _check_decoded(request: Any, method: str) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(Reason.MALFORMED_REQUEST, f"the request to {method} is not a valid protobuf message",
+                              method=method)
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
@@ -41,6 +68,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 started = time.monotonic()
                 try:
+                    _check_decoded(request, method)
                     response = inner(request, context)
                 except CheckpointdError as error:
                     log.info("%s -> %s %s (%.1f ms)", method, error.kind.name, error.reason.value,
@@ -53,13 +81,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 log.debug("%s -> OK (%.1f ms)", method, (time.monotonic() - started) * 1000)
                 return response
 
-            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
+            return grpc.unary_unary_rpc_method_handler(unary, _tolerant(handler.request_deserializer),
                                                        handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
             def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 try:
+                    _check_decoded(request, method)
                     yield from inner_stream(request, context)
                 except CheckpointdError as error:
                     _abort(context, error)
@@ -68,6 +97,6 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                         raise
                     _abort_internal(context, method)
 
-            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+            return grpc.unary_stream_rpc_method_handler(stream, _tolerant(handler.request_deserializer),
                                                         handler.response_serializer)
         return handler

@@ -87,7 +87,7 @@ def _triggers(value: Any) -> list[str]:
 
 def _one_of(kind: type[enum.StrEnum]) -> Validator:
     def check(value: Any) -> str:
-        if value not in {v.value for v in kind}:
+        if not isinstance(value, str) or value not in {v.value for v in kind}:
             raise ValueError(f"must be one of: {', '.join(v.value for v in kind)}")
         return value
 

@@ -61,8 +61,12 @@ def labels(values: dict[str, str]) -> dict[str, str]:
     return dict(values)
 
 
+def is_valid_request_id(value: str) -> bool:
+    return bool(_REQUEST_ID.fullmatch(value))
+
+
 def request_id(value: str) -> str:
-    if value and not _REQUEST_ID.fullmatch(value):
+    if value and not is_valid_request_id(value):
         raise InvalidArgument(Reason.INVALID_REQUEST_ID,
                               f"request_id must be 1-{MAX_REQUEST_ID} printable ASCII characters",
                               field="request_id")
