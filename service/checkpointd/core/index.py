@@ -27,10 +27,10 @@ log = logging.getLogger("checkpointd.index")
 RACY_WINDOW_NS = 2_000_000_000
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS roots (root_id INTEGER PRIMARY KEY, root TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS roots (root_id INTEGER PRIMARY KEY, root BLOB NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS entries (
     root_id INTEGER NOT NULL,
-    path TEXT NOT NULL,
+    path BLOB NOT NULL,
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
@@ -136,12 +136,13 @@ class StatIndex:
         if self._db is None:
             return RootIndex(self, root, None, {})
         try:
-            self._db.execute("INSERT OR IGNORE INTO roots (root) VALUES (?)", (root,))
-            (root_id,) = self._db.execute("SELECT root_id FROM roots WHERE root = ?", (root,)).fetchone()
+            stored_root = os.fsencode(root)
+            self._db.execute("INSERT OR IGNORE INTO roots (root) VALUES (?)", (stored_root,))
+            (root_id,) = self._db.execute("SELECT root_id FROM roots WHERE root = ?", (stored_root,)).fetchone()
             rows = self._db.execute(
                 "SELECT path, size, mtime_ns, ctime_ns, ino, digest, indexed_ns FROM entries WHERE root_id = ?",
                 (root_id,))
-            entries = {path: Indexed(size, mtime, ctime, ino, digest.hex(), indexed)
+            entries = {os.fsdecode(path): Indexed(size, mtime, ctime, ino, digest.hex(), indexed)
                        for path, size, mtime, ctime, ino, digest, indexed in rows}
         except sqlite3.DatabaseError as exc:
             log.warning("stat index unreadable for %s (%s); files will be re-read", root, exc)
@@ -158,12 +159,12 @@ class StatIndex:
                 try:
                     if gone:
                         self._db.executemany("DELETE FROM entries WHERE root_id = ? AND path = ?",
-                                             [(root_id, path) for path in gone])
+                                             [(root_id, os.fsencode(path)) for path in gone])
                     if fresh:
                         self._db.executemany(
                             "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                            [(root_id, path, e.size, e.mtime_ns, e.ctime_ns, e.ino, bytes.fromhex(e.digest),
-                              e.indexed_ns) for path, e in fresh.items()])
+                            [(root_id, os.fsencode(path), e.size, e.mtime_ns, e.ctime_ns, e.ino,
+                              bytes.fromhex(e.digest), e.indexed_ns) for path, e in fresh.items()])
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")
