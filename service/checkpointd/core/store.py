@@ -77,6 +77,16 @@ def digest_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Writes all of ``data``; a short write is retried, so a full disk surfaces as ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, "no space left to append to the pack")
+        view, offset = view[written:], offset + written
+
+
 def _storage_error(exc: OSError) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"content store is full: {exc.strerror}")
@@ -175,9 +185,7 @@ class _Pack:
         with self._append_lock:
             offset = self.size
             try:
-                written = os.pwrite(self.fd, record, offset)
-                if written != len(record):
-                    raise OSError(errno.EIO, "short write to pack")
+                _pwrite_all(self.fd, record, offset)
             except OSError as exc:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self.fd, offset)
