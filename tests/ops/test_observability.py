@@ -91,7 +91,7 @@ def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):
             plan_id=plan_id, workspace_root=str(workspace), request_id=request_id), timeout=30).checkpoint
         _, call = stub.GetCheckpoint.with_call(pb.GetCheckpointRequest(checkpoint_id=created.checkpoint_id),
                                                timeout=10, metadata=(("x-request-id", "trace-42"),))
-        assert dict(call.initial_metadata())["x-request-id"] == "trace-42"
+        assert dict(call.trailing_metadata())["x-request-id"] == "trace-42"
     records = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
     assert records, server.log()
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)

@@ -1,7 +1,8 @@
 """Outermost interceptor: who asked for what, how it ended, how long it took.
 
 Sets the call's plan_id / checkpoint_id / request_id for the logs, writes one access line
-per call, echoes the request id in the ``x-request-id`` response header and hands code,
+per call, echoes the request id in the ``x-request-id`` response trailer (not a header: sending
+headers early would commit the call and stop clients from retrying an UNAVAILABLE) and hands code,
 latency and response to the metrics recorder. Counts every outcome, including calls
 refused by authentication or drain.
 """
@@ -94,7 +95,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
         def run_unary(behaviour: Callable, request: Any, context: grpc.ServicerContext, fields: dict) -> Any:
             started = time.monotonic()
             with request_context(**fields):
-                context.send_initial_metadata(((REQUEST_ID_HEADER, fields["request_id"]),))
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, fields["request_id"]),))
                 try:
                     response = behaviour(request, context)
                 except BaseException:
