@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from checkpointd.core.db import Database
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
-from checkpointd.core.store import ContentStore
+from checkpointd.core.store import ContentStore, SharedExclusiveLock
 
 _RAW = "R"
 _ZLIB = "Z"
@@ -104,40 +104,6 @@ class _Staged:
                 yield chunk
 
 
-class _SharedExclusive:
-    """Many holders of the shared side, or one of the exclusive side (writers first)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive)
-            self._exclusive = True
-            self._cond.wait_for(lambda: self._shared == 0)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
 class DatabaseStore:
     def __init__(self, db: Database, staging: Path) -> None:
         self.db = db
@@ -146,7 +112,7 @@ class DatabaseStore:
         self._clear_staging()
         self._staged: dict[str, _Staged] = {}
         self._staged_lock = threading.Lock()
-        self._local_fence = _SharedExclusive()
+        self._local_fence = SharedExclusiveLock()
         self._replica_fence = db.advisory_lock("content-store-gc", shared=True)
         #: Guards the replica fence's state below and ``_known``.
         self._fence = threading.Condition()

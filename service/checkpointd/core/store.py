@@ -121,7 +121,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _SharedExclusiveLock:
+class SharedExclusiveLock:
     """Many holders of the shared side, or one of the exclusive side (writers first)."""
 
     def __init__(self) -> None:
@@ -230,7 +230,7 @@ class ContentStore:
         #: Objects written by open batches, readable before they are committed.
         self._staged: dict[str, _Location] = {}
         self._staged_lock = threading.Lock()
-        self._gc_fence = _SharedExclusiveLock()
+        self._gc_fence = SharedExclusiveLock()
         self._packs: list[_Pack] = []
         self._active: _Pack | None = None
         self._pack_lock = threading.Lock()
