@@ -9,7 +9,7 @@ NODE_DIR := clients/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 BUF := $(NODE_DIR)/node_modules/.bin/buf
 
-.PHONY: install proto run test lint bench clean
+.PHONY: install proto run test test-slow lint bench clean
 
 install: $(INSTALLED)
 
@@ -38,10 +38,14 @@ POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 CORE_SUITES := tests/service tests/clients tests/features
 
 test: install $(NODE_INSTALLED)
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow"
 	CHECKPOINTD_TEST_DB_URL=$(POSTGRES_URL) CHECKPOINTD_TEST_SERVER_ARGS="--store db" $(BIN)/pytest $(CORE_SUITES)
 	CHECKPOINTD_TEST_SERVER_ARGS="--watcher off" $(BIN)/pytest tests/service tests/e2e
 	cd $(NODE_DIR) && npm test
+
+# The long hardening variants (8 plans x 1,000 checkpoints; 100 extra kill points).
+test-slow: install
+	$(BIN)/pytest -m slow
 
 lint: install $(NODE_INSTALLED)
 	$(BIN)/ruff check service clients/python tests protos/generate.py protos/apidoc.py
