@@ -192,10 +192,19 @@ def validate_value(key: ConfigKey, value: Any) -> Any:
 
 
 class ConfigStore:
+    """Config values in the database. On SQLite, whose database only this server writes,
+    resolved values are cached until the next local change; on PostgreSQL other replicas
+    write too, so every resolve reads the database."""
+
+    #: Resolutions kept at most; the cache starts over past this many.
+    CACHE_LIMIT = 4096
+
     def __init__(self, db: Database) -> None:
         self.db = db
         self._changed = threading.Condition()
         self._version = 0
+        self._cache: dict[tuple[str, tuple[str, ...]], tuple[int, dict[str, Effective]]] | None = (
+            {} if db.is_sqlite else None)
 
     @property
     def version(self) -> int:
@@ -205,6 +214,21 @@ class ConfigStore:
         return self.resolve_many([name], plan_id)[name]
 
     def resolve_many(self, names: list[str], plan_id: str = "") -> dict[str, Effective]:
+        if self._cache is None:
+            return self._read(names, plan_id)
+        # The version is read before the database: a change racing this read bumps it after.
+        version = self._version
+        cache_key = (plan_id, tuple(names))
+        hit = self._cache.get(cache_key)
+        if hit is not None and hit[0] == version:
+            return dict(hit[1])
+        resolved = self._read(names, plan_id)
+        if len(self._cache) >= self.CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[cache_key] = (version, resolved)
+        return dict(resolved)
+
+    def _read(self, names: list[str], plan_id: str) -> dict[str, Effective]:
         keys = [lookup_key(n) for n in names]
         scopes = ["", plan_id] if plan_id else [""]
         with self.db.session() as session:
