@@ -81,6 +81,17 @@ def test_workspace_root_is_remembered_and_a_different_one_refused(checkpoint_stu
     assert again.has_files and again.workspace_root == first.workspace_root and again.sequence == 2
 
 
+def test_a_state_only_plan_takes_a_root_later_and_keeps_it(checkpoint_stub, workspace, plan_id, checkpointd_server):
+    create = checkpoint_stub.CreateCheckpoint
+    assert not create(pb.CreateCheckpointRequest(plan_id=plan_id, state=b"s1")).checkpoint.has_files
+    with_root = create(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace))).checkpoint
+    assert with_root.has_files and with_root.sequence == 2
+    remembered = create(pb.CreateCheckpointRequest(plan_id=plan_id, state=b"s3")).checkpoint
+    assert remembered.has_files and remembered.workspace_root == with_root.workspace_root and remembered.sequence == 3
+    expect(grpc.StatusCode.FAILED_PRECONDITION, "WORKSPACE_ROOT_MISMATCH", create,
+           pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(checkpointd_server.new_workspace())))
+
+
 def test_get_and_delete_unknown_or_malformed_ids(checkpoint_stub):
     missing = str(ULID())
     info = expect(grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND", checkpoint_stub.GetCheckpoint,

@@ -16,10 +16,10 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
-from sqlalchemy import func
+from sqlalchemy import Connection, bindparam, func, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 from ulid import ULID
@@ -93,9 +93,44 @@ class RollbackRequest:
     current_state: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class KnownPlan:
+    """What a checkpoint needs of its plan; a plan's root never changes once recorded."""
+
+    plan_id: str
+    workspace_root: str | None
+
+
+_PLANS = PlanRow.__table__
+_CHECKPOINTS = CheckpointRow.__table__
+_OPERATIONS = OperationRow.__table__
+#: Statements of the create path, built once (building one costs more than running it).
+_NEXT_SEQUENCES = (update(_PLANS).where(_PLANS.c.plan_id.in_(bindparam("plans", expanding=True)))
+                   .values(last_sequence=_PLANS.c.last_sequence + 1)
+                   .returning(_PLANS.c.plan_id, _PLANS.c.last_sequence))
+_INSERT_CHECKPOINT = insert(_CHECKPOINTS)
+_INSERT_OPERATION = insert(_OPERATIONS)
+
+
+#: A checkpoint as the create and rollback paths write it: the ``checkpoints`` table's columns,
+#: derived from the table, without the ORM's per-attribute bookkeeping.
+CheckpointRecord = make_dataclass("CheckpointRecord", [column.name for column in _CHECKPOINTS.columns], slots=True)
+
+
+def _record_values(record: CheckpointRecord) -> dict[str, object]:
+    return {name: getattr(record, name) for name in record.__slots__}
+
+
+@dataclass(slots=True)
+class _NewCheckpoint:
+    record: CheckpointRecord
+    #: The request_id's row (AIP-155), when the request carried one.
+    operation: dict[str, object] | None = None
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    row: CheckpointRow
+    row: CheckpointRow | CheckpointRecord
     state: bytes | None = None
 
 
@@ -141,6 +176,8 @@ class Checkpoints:
                         "every capture scans its whole workspace")
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
         self.restorer = Restorer(store, self.trees)
+        self._plans: dict[str, KnownPlan] = {}
+        self._new_checkpoints = db.group_commit(self._write_checkpoints)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
@@ -223,18 +260,50 @@ class Checkpoints:
             return winner
         return None
 
-    def _insert(self, session: Session, plan: PlanRow, row: CheckpointRow) -> CheckpointRow:
-        locked = session.exec(select(PlanRow).where(PlanRow.plan_id == plan.plan_id).with_for_update()
-                              .execution_options(populate_existing=True)).one()
-        locked.last_sequence += 1
-        row.sequence = locked.last_sequence
-        session.add(locked)
-        session.add(row)
-        return row
+    @staticmethod
+    def _write_checkpoints(connection: Connection, new: list[_NewCheckpoint]) -> list[None]:
+        """Numbers and inserts new checkpoints of distinct plans (callers hold their plans' locks).
 
-    def _plan_row(self, session: Session, plan_id: str, workspace_root: str) -> PlanRow:
+        Incrementing the plans' counters locks their rows (PostgreSQL) or the database (SQLite)
+        until the transaction ends, so a number is never handed out twice."""
+        numbers = dict(connection.execute(_NEXT_SEQUENCES, {"plans": [n.record.plan_id for n in new]}).all())
+        for item in new:
+            item.record.sequence = numbers[item.record.plan_id]
+        connection.execute(_INSERT_CHECKPOINT, [_record_values(n.record) for n in new])
+        operations = [n.operation for n in new if n.operation is not None]
+        if operations:
+            connection.execute(_INSERT_OPERATION, operations)
+        return [None] * len(new)
+
+    def _known_plan(self, plan_id: str, raw_root: str) -> KnownPlan:
+        """The plan (created on first use, its workspace root recorded on first mention).
+
+        A plan whose root is recorded is remembered: the root never changes afterwards. On
+        SQLite, the only writer being this process, a plan without one is remembered too.
+        """
+        root = self._resolve_root(raw_root) if raw_root else None
+        known = self._plans.get(plan_id)
+        if known is not None and root is None:
+            return known
+        if known is not None and known.workspace_root is not None:
+            if root != known.workspace_root:
+                raise self._root_mismatch(plan_id, root, known.workspace_root)
+            return known
+        with self.db.session() as session:
+            plan = self._plan_row(session, plan_id, root)
+            known = KnownPlan(plan.plan_id, plan.workspace_root)
+        if known.workspace_root is not None or self.db.is_sqlite:
+            self._plans[plan_id] = known
+        return known
+
+    @staticmethod
+    def _root_mismatch(plan_id: str, root: str | None, recorded: str | None) -> FailedPrecondition:
+        return FailedPrecondition(Reason.WORKSPACE_ROOT_MISMATCH,
+                                  f"plan {plan_id} already has workspace_root {recorded!r}",
+                                  workspace_root=root, plan_workspace_root=recorded)
+
+    def _plan_row(self, session: Session, plan_id: str, root: str | None) -> PlanRow:
         plan = session.get(PlanRow, plan_id)
-        root = self._resolve_root(workspace_root) if workspace_root else None
         if plan is None:
             plan = PlanRow(plan_id=plan_id, workspace_root=root)
             session.add(plan)
@@ -249,35 +318,40 @@ class Checkpoints:
                 session.add(plan)
                 session.commit()
             elif plan.workspace_root != root:
-                raise FailedPrecondition(
-                    Reason.WORKSPACE_ROOT_MISMATCH,
-                    f"plan {plan_id} already has workspace_root {plan.workspace_root!r}",
-                    workspace_root=root, plan_workspace_root=plan.workspace_root)
+                raise self._root_mismatch(plan_id, root, plan.workspace_root)
         return plan
 
-    def _capture(self, plan: PlanRow, batch: Batch) -> tuple[CaptureResult, list[str], list[str]]:
+    def _capture(self, plan: PlanRow | KnownPlan, batch: Batch) -> tuple[CaptureResult, list[str], list[str]]:
         workspace = Workspace(plan.workspace_root)
         patterns, max_size = self._capture_settings(plan.plan_id)
         excluded = self._excluded_paths(plan.workspace_root)
         return self.capturer.capture(workspace, patterns, excluded, max_size, batch), patterns, excluded
 
-    def _new_row(self, plan: PlanRow, capture: CaptureResult | None, patterns: list[str], excluded: list[str],
-                 state_digest: str | None, state_size: int, **fields: object) -> CheckpointRow:
-        return CheckpointRow(
+    def _new_row(self, plan: PlanRow | KnownPlan, capture: CaptureResult | None, patterns: list[str],
+                 excluded: list[str], state_digest: str | None, state_size: int, *, phase: str, trigger: str,
+                 source_tool: str, description: str, labels: dict[str, str],
+                 rollback_target_checkpoint_id: str | None = None) -> CheckpointRecord:
+        """A new checkpoint, numbered when inserted."""
+        return CheckpointRecord(
             checkpoint_id=str(ULID()),
             plan_id=plan.plan_id,
             sequence=0,
+            phase=phase,
+            trigger=trigger,
+            source_tool=source_tool,
+            description=description,
+            labels=labels,
+            create_time=utcnow(),
             workspace_root=plan.workspace_root if capture else None,
             tree_digest=capture.tree if capture else None,
             file_count=capture.file_count if capture else 0,
             total_size_bytes=capture.total_size if capture else 0,
+            state_digest=state_digest,
+            state_size_bytes=state_size,
             skipped=_skipped_json(capture) if capture else [],
             ignore_patterns=patterns,
             excluded_paths=excluded,
-            state_digest=state_digest,
-            state_size_bytes=state_size,
-            create_time=utcnow(),
-            **fields,
+            rollback_target_checkpoint_id=rollback_target_checkpoint_id,
         )
 
     # -- operations ---------------------------------------------------------------------
@@ -297,11 +371,13 @@ class Checkpoints:
         fingerprint = _fingerprint(plan=plan_id, trigger=trigger, phase=phase, tool=req.source_tool, labels=labels,
                                    description=req.description, state=hashlib.sha256(req.state).hexdigest(),
                                    root=req.workspace_root)
-        with self._plan_lock(plan_id), self.store.referencing(), self.db.session() as session:
-            op = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
-            if op is not None:
-                return Checkpoint(self._load(session, op.result["checkpoint_id"]))
-            plan = self._plan_row(session, plan_id, req.workspace_root)
+        with self._plan_lock(plan_id), self.store.referencing():
+            if request_id:
+                with self.db.session() as session:
+                    op = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
+                    if op is not None:
+                        return Checkpoint(self._load(session, op.result["checkpoint_id"]))
+            plan = self._known_plan(plan_id, req.workspace_root)
             with self.store.batch() as batch:
                 capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
                 state_digest = batch.put_bytes(req.state) if req.state else None
@@ -309,12 +385,19 @@ class Checkpoints:
             row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
                                 phase=phase.value, trigger=trigger.value, source_tool=req.source_tool,
                                 description=req.description, labels=labels)
-            self._insert(session, plan, row)
-            winner = self._record_operation(session, request_id, "CreateCheckpoint", fingerprint,
-                                            {"checkpoint_id": row.checkpoint_id})
-            if winner is not None:
-                return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
-            session.commit()
+            operation = {"request_id": request_id, "method": "CreateCheckpoint", "fingerprint": fingerprint,
+                         "result": {"checkpoint_id": row.checkpoint_id}, "create_time": row.create_time}
+            try:
+                self._new_checkpoints.submit(_NewCheckpoint(row, operation if request_id else None))
+            except IntegrityError:
+                if not request_id:
+                    raise
+                # Another replica recorded the same request_id first: replay its checkpoint.
+                with self.db.session() as session:
+                    winner = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
+                    if winner is None:
+                        raise
+                    return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
             crash_point(Point.CREATE_COMMITTED)
             return Checkpoint(row)
 
@@ -465,7 +548,7 @@ class Checkpoints:
                                    source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
                                    labels={"rollback_target": checkpoint_id},
                                    rollback_target_checkpoint_id=checkpoint_id)
-            self._insert(session, plan, safety)
+            self._write_checkpoints(session.connection(), [_NewCheckpoint(safety)])
             winner = self._record_operation(session, request_id, "Rollback", fingerprint,
                                             {"safety_checkpoint_id": safety.checkpoint_id,
                                              "changes": [_change_json(c) for c in changes]})
@@ -584,7 +667,7 @@ class Checkpoints:
                                                    f"{entry.target_checkpoint_id}",
                                        labels={"rollback_target": goal.checkpoint_id},
                                        rollback_target_checkpoint_id=goal.checkpoint_id)
-                self._insert(session, plan, safety)
+                self._write_checkpoints(session.connection(), [_NewCheckpoint(safety)])
                 session.commit()
             if changes:
                 self.restorer.apply(workspace, changes)
