@@ -3,7 +3,9 @@
 A per-workspace stat index (see ``index``) means an unchanged file is never read again.
 A scan walks directories through file descriptors, never following links; files that
 must be read are hashed and stored by a small thread pool (reading, hashing and
-compressing release the GIL), so a first capture uses every core.
+compressing release the GIL). Once a scan has found many files to read (a first capture),
+new files go to reader processes instead (see ``readers``): what a scan does per file
+besides system calls and compression holds the GIL, so only processes use every core.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.index import Indexed, RootIndex, StatIndex
+from checkpointd.core.readers import Readers, TooLarge, chunks
+from checkpointd.core.readworker import COMPRESS_LIMIT
 from checkpointd.core.store import Batch, ContentStore, digest_bytes
 from checkpointd.core.tree import Entry, EntryKind, Trees
 from checkpointd.core.workspace import Workspace
@@ -28,6 +33,8 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TEMP_PREFIX = ".checkpointd-tmp-"
 #: A directory with at least this many files to read hands them to the thread pool.
 _PARALLEL_MIN_FILES = 8
+#: A scan that has found this many files to read hands the next ones to reader processes.
+READERS_MIN_FILES = 2000
 
 SKIP_TOO_LARGE = "FILE_TOO_LARGE"
 SKIP_UNSUPPORTED = "UNSUPPORTED_FILE_TYPE"
@@ -62,6 +69,9 @@ class ScanTally:
     fresh: dict[str, Indexed] = field(default_factory=dict)
     #: Every regular file seen (captured or not): index entries of other paths are stale.
     seen: set[str] = field(default_factory=set)
+    #: Files handed to be read so far, and whether reader processes take them (None: not asked yet).
+    reading: int = 0
+    readers: bool | None = None
 
 
 def stored(batch: Batch, store: ContentStore, digest: str) -> bool:
@@ -102,12 +112,26 @@ def symlink_entry(target: str) -> Entry:
 
 
 class Snapshotter:
-    def __init__(self, store: ContentStore, trees: Trees, index: StatIndex, workers: int = 0) -> None:
+    def __init__(self, store: ContentStore, trees: Trees, index: StatIndex, workers: int = 0,
+                 reader_processes: int | None = None, readers_min_files: int = READERS_MIN_FILES) -> None:
+        """``reader_processes``: how many reader processes large scans use (None: one per
+        core when there are several; 0: none)."""
         self.store = store
         self.trees = trees
         self.index = index
         self._workers = workers or min(4, (os.cpu_count() or 1) + 1)
         self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="snapshot")
+        if reader_processes is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            reader_processes = min(4, cores) if cores > 1 else 0
+        self.readers = Readers(reader_processes, _read_files) if reader_processes > 0 else None
+        self._readers_min_files = readers_min_files
+
+    def close(self) -> None:
+        """Stops the reader processes and threads (captures must be over)."""
+        if self.readers is not None:
+            self.readers.close()
+        self._pool.shutdown(wait=False)
 
     def capture(self, workspace: Workspace, rules: IgnoreRules, max_file_size: int, batch: Batch,
                 on_dir: DirectoryHook | None = None) -> CaptureResult:
@@ -137,8 +161,12 @@ class Snapshotter:
 
         The walk hands files to read to the thread pool and goes on walking; tree nodes are
         written afterwards, bottom-up, as the reads complete."""
-        walked = self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir)
-        return self._build(walked, batch, tally)
+        if self.readers is None:
+            return self._build(self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir),
+                               batch, tally)
+        with self.readers.using():
+            walked = self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir)
+            return self._build(walked, batch, tally)
 
     def _walk(self, dir_fd: int, prefix: str, rules: IgnoreRules, max_size: int, batch: Batch,
               indexed: RootIndex, tally: ScanTally, on_dir: DirectoryHook | None) -> _Walked:
@@ -150,12 +178,21 @@ class Snapshotter:
             if on_dir is not None:
                 on_dir(prefix.rstrip("/"), dir_fd)
             with os.scandir(dir_fd) as it:
-                listing = sorted(it, key=lambda de: de.name)
+                listing = sorted(it, key=_name)
+            if not any(de.name == GITIGNORE for de in listing):
+                rules.note_absent(prefix[:-1])
+            # Reader processes stat the files they open: a file with nothing indexed need not be.
+            unstated = tally.readers is True
             for de in listing:
                 name = de.name
                 if name.startswith(TEMP_PREFIX):
                     continue
                 path = prefix + name
+                if unstated and de.is_file(follow_symlinks=False) and path not in indexed.entries:
+                    tally.seen.add(path)
+                    if not rules.ignores_entry(path, is_dir=False):
+                        to_read.append((name, path, None, ""))
+                    continue
                 try:
                     st = de.stat(follow_symlinks=False)
                 except FileNotFoundError:
@@ -198,30 +235,71 @@ class Snapshotter:
                 else:
                     tally.skipped.append(Skipped(path, st.st_size, SKIP_UNSUPPORTED))
             walked.read_at = time.time_ns()
-            names = [(name, similar) for name, _, _, similar in to_read]
-            if len(names) >= _PARALLEL_MIN_FILES:
-                step = -(-len(names) // self._workers)
-                chunks = [names[i:i + step] for i in range(0, len(names), step)]
-                closer = _CloseWhenDone(dir_fd, len(chunks))
-                handed_over = True
-                walked.futures = [self._pool.submit(_read_files, dir_fd, chunk, batch, closer) for chunk in chunks]
-            elif names:
-                walked.results = _read_files(dir_fd, names, batch)
+            if to_read:
+                tally.reading += len(to_read)
+                handed_over = self._hand_over(dir_fd, walked, max_size, batch, tally)
         finally:
             if not handed_over:
                 os.close(dir_fd)
         return walked
 
+    def _use_readers(self, batch: Batch, tally: ScanTally) -> bool:
+        if tally.readers is None:
+            if self.readers is None or not isinstance(batch, Batch) or tally.reading < self._readers_min_files:
+                return False
+            tally.readers = self.readers.start()
+        return tally.readers
+
+    def _hand_over(self, dir_fd: int, walked: _Walked, max_size: int, batch: Batch, tally: ScanTally) -> bool:
+        """Starts reading ``walked.to_read`` (reordered: reader processes' share first);
+        whether ``dir_fd`` was handed over (closed once the reads are done)."""
+        to_read = walked.to_read
+        pooled: list[tuple[str, str, os.stat_result | None, str]] = []
+        rest = to_read
+        if self._use_readers(batch, tally):
+            # A file with a previous version is stored here, as a delta against it.
+            pooled = [item for item in to_read
+                      if not item[3] and (item[2] is None or item[2].st_size <= COMPRESS_LIMIT)]
+            if len(pooled) < len(to_read):
+                rest = [item for item in to_read
+                        if item[3] or (item[2] is not None and item[2].st_size > COMPRESS_LIMIT)]
+                walked.to_read = pooled + rest
+            else:
+                rest = []
+        pooled_chunks = chunks([name for name, _, _, _ in pooled],
+                               [st.st_size if st is not None else -1 for _, _, st, _ in pooled])
+        names = [(name, similar) for name, _, _, similar in rest]
+        threaded: list[list[tuple[str, str]]] = []
+        inline = None
+        if len(names) >= _PARALLEL_MIN_FILES:
+            step = -(-len(names) // self._workers)
+            threaded = [names[i:i + step] for i in range(0, len(names), step)]
+        elif names:
+            inline = _read_files(dir_fd, names, batch)
+        parts: list[Future | list | _FromReaders] = []
+        if pooled_chunks or threaded:
+            closer = _CloseWhenDone(dir_fd, len(pooled_chunks) + len(threaded))
+            for chunk in pooled_chunks:
+                future = self.readers.submit(dir_fd, chunk, max_size, batch, closer.done)
+                parts.append(_FromReaders(future) if future is not None else self._pool.submit(
+                    _read_files, dir_fd, [(name, "") for name in chunk], batch, closer))
+            parts.extend(self._pool.submit(_read_files, dir_fd, chunk, batch, closer) for chunk in threaded)
+        if inline is not None:
+            parts.append(inline)
+        walked.parts = parts
+        return bool(pooled_chunks or threaded)
+
     def _build(self, walked: _Walked, batch: Batch, tally: ScanTally) -> str:
         children = walked.children
         for name, mode, sub in walked.subdirs:
             children[name] = Entry(EntryKind.DIR, mode, 0, self._build(sub, batch, tally))
-        results = walked.results
-        if walked.futures:
-            results = [result for future in walked.futures for result in future.result()]
+        results = [result for part in walked.parts for result in self._results(part)]
         for (name, path, st, _), result in zip(walked.to_read, results, strict=True):
             if result is None:
-                tally.skipped.append(Skipped(path, st.st_size, SKIP_UNREADABLE))
+                tally.skipped.append(Skipped(path, st.st_size if st is not None else 0, SKIP_UNREADABLE))
+                continue
+            if isinstance(result, TooLarge):
+                tally.skipped.append(Skipped(path, result.size, SKIP_TOO_LARGE))
                 continue
             entry, opened = result
             if entry.size == opened.st_size:
@@ -231,6 +309,13 @@ class Snapshotter:
             tally.file_count += 1
             tally.total_size += entry.size
         return self.trees.write(batch, children)
+
+    def _results(self, part: list | Future | _FromReaders) -> list:
+        if isinstance(part, _FromReaders):
+            return self.readers.result(part.future)
+        if isinstance(part, Future):
+            return part.result()
+        return part
 
     def capture_paths(self, workspace: Workspace, paths: list[str], batch: Batch) -> dict[str, Entry]:
         """Entries for specific paths, whatever the ignore rules and size cap say.
@@ -260,18 +345,28 @@ class Snapshotter:
         return out
 
 
+def _name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+class _FromReaders(NamedTuple):
+    """Results that reader processes are working out (see ``Readers.result``)."""
+
+    future: Future
+
+
 class _Walked:
     """One directory as walked: entries known at once, files being read, subdirectories."""
 
-    __slots__ = ("children", "to_read", "subdirs", "futures", "results", "read_at")
+    __slots__ = ("children", "to_read", "subdirs", "parts", "read_at")
 
     def __init__(self) -> None:
         self.children: dict[str, Entry] = {}
-        #: (name, path, stat, digest of its previous version or "")
-        self.to_read: list[tuple[str, str, os.stat_result, str]] = []
+        #: (name, path, stat (None: not taken, see ``_walk``), digest of its previous version or "")
+        self.to_read: list[tuple[str, str, os.stat_result | None, str]] = []
         self.subdirs: list[tuple[str, int, _Walked]] = []
-        self.futures: list[Future] = []
-        self.results: list[tuple[Entry, os.stat_result] | None] = []
+        #: The results of ``to_read``, in order: lists of them, or futures of such lists.
+        self.parts: list[Future | list | _FromReaders] = []
         self.read_at = 0
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
+from checkpointd.core.readworker import COMPRESS_LIMIT, RECORD, pack_body
 
 log = logging.getLogger("checkpointd.store")
 
@@ -52,12 +53,12 @@ MAX_DELTA_DEPTH = 8
 #: zlib looks back 32 KiB at most: beyond that a base helps little.
 _DELTA_LIMIT = 64 << 10
 #: Objects up to this size are compressed in memory when that makes them smaller, and packed.
-_COMPRESS_LIMIT = 1 << 20
+_COMPRESS_LIMIT = COMPRESS_LIMIT
 _CHUNK = 1 << 20
 
 _PACK_MAGIC = b"CKPTPAK1"
 _PACK_HEADER = struct.Struct(">8sQ")
-_RECORD = struct.Struct(">32scI")
+_RECORD = RECORD
 #: A pack stops taking new records past this size; a new one is started.
 PACK_ROTATE_BYTES = 256 << 20
 #: How many large objects a commit syncs one by one before a whole-file-system sync is cheaper.
@@ -93,24 +94,9 @@ def _storage_error(exc: OSError) -> Exception:
     return exc
 
 
-#: Bytes that make up text; a sample with many others is taken for incompressible binary.
-_TEXT_BYTES = bytes(range(32, 127)) + b"\t\n\r\f\b"
-
-
-def _looks_incompressible(data: bytes) -> bool:
-    sample = data[:512]
-    return len(sample.translate(None, _TEXT_BYTES)) * 3 > len(sample) and len(set(sample)) > 200
-
-
 def _pack_body(data: bytes) -> tuple[bytes, bytes]:
-    """(kind, body): zlib with a window no larger than the data (cheaper to set up for small
-    objects); content that looks random is not even tried."""
-    if len(data) < 64 or _looks_incompressible(data):
-        return _RAW, data
-    wbits = max(9, min(15, (len(data) - 1).bit_length()))
-    compressor = zlib.compressobj(1, zlib.DEFLATED, wbits)
-    packed = compressor.compress(data) + compressor.flush()
-    return (_ZLIB, packed) if len(packed) < len(data) else (_RAW, data)
+    """(kind, body) of a pack record for ``data`` (see ``readworker.pack_body``)."""
+    return pack_body(data)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -192,6 +178,25 @@ class _Pack:
                 raise _storage_error(exc) from exc
             self.size = offset + len(record)
         return _Location(self, offset + _RECORD.size, len(body), kind, base, depth)
+
+    def append_records(self, records: list[bytes]) -> list[_Location]:
+        """Appends whole records (header and body) with one write; their locations, in order."""
+        data = b"".join(records)
+        with self._append_lock:
+            offset = self.size
+            try:
+                _pwrite_all(self.fd, data, offset)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, offset)
+                raise _storage_error(exc) from exc
+            self.size = offset + len(data)
+        locations = []
+        header = _RECORD.size
+        for record in records:
+            locations.append(_Location(self, offset + header, len(record) - header, record[32:33]))
+            offset += len(record)
+        return locations
 
     def sync_to(self, end: int) -> None:
         """Makes the pack durable at least up to ``end``; one fdatasync serves every waiter."""
@@ -583,6 +588,35 @@ class Batch:
         kind, body = _pack_body(data)
         self._publish(digest, self.store._writable_pack().append(digest, kind, body))
         return digest
+
+    def put_records(self, records: list[tuple[str, bytes]]) -> None:
+        """Stores objects already encoded as whole pack records, ``(digest, record)`` with
+        kind raw or zlib (made by a reader process, see ``readworker``); those already stored
+        or written by this batch are skipped. One write for all of them."""
+        pending, committed = self._pending, self.store._committed
+        fresh: dict[str, bytes] = {}
+        for digest, record in records:
+            if digest not in fresh and digest not in pending and digest not in committed:
+                fresh[digest] = record
+        if not fresh:
+            return
+        locations = self.store._writable_pack().append_records(list(fresh.values()))
+        published = []
+        with self._lock:
+            for digest, location in zip(fresh, locations, strict=True):
+                if digest in pending:
+                    continue
+                pending[digest] = location
+                published.append((digest, location))
+            if published:
+                pack = locations[-1].pack
+                end = locations[-1].offset + locations[-1].length
+                if self._pack_ends.get(pack, 0) < end:
+                    self._pack_ends[pack] = end
+        with self.store._staged_lock:
+            staged = self.store._staged
+            for digest, location in published:
+                staged.setdefault(digest, location)
 
     def _put_delta(self, digest: str, data: bytes, base: str, base_data: bytes | None) -> bool:
         location = self.store._committed.get(base)

@@ -1,0 +1,132 @@
+"""The reader process of large scans (see ``readers``), and the record-body encoding it
+shares with the content store.
+
+Standard library only: a reader starts as a fresh interpreter (never a fork of the
+server), so it must import little to start quickly.
+
+A reader gets tasks on a SOCK_SEQPACKET socket: one message
+``marshal((task, max_size, names))`` with the directory's file descriptor attached
+(SCM_RIGHTS); it opens each name relative to that descriptor, never following a link,
+and answers on a pipe with a frame ``length (4, big-endian) | marshal((task, results))``.
+A result is None (not a regular file, or unreadable), ``(TOO_LARGE, size)`` (larger than
+``max_size``), ``(ELSEWHERE,)`` (larger than what a reader handles: the server reads it), or
+``(mode, st_size, mtime_ns, ctime_ns, ino, size, record)``: the opened file's stat, then
+how many bytes were read and the pack record storing them (``RECORD`` header, body). A
+reader writes nothing anywhere else: the server appends the records to its store.
+It exits when the task socket closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import marshal
+import os
+import socket
+import stat
+import struct
+import sys
+import zlib
+
+RAW = b"R"
+ZLIB = b"Z"
+#: Objects up to this size are compressed in memory when that makes them smaller, and packed.
+COMPRESS_LIMIT = 1 << 20
+TOO_LARGE = "L"
+ELSEWHERE = "E"
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+FRAME = struct.Struct(">I")
+#: A pack record's header: digest (SHA-256) | kind | body length (see ``store``).
+RECORD = struct.Struct(">32scI")
+#: Largest task message (names and framing): well below an AF_UNIX socket's buffer.
+MAX_TASK_BYTES = 64 << 10
+#: A task's answer carries files of at most about this many bytes; the server reads the rest.
+ANSWER_BYTES = 8 << 20
+_CHUNK = 1 << 20
+
+#: Bytes that make up text; a sample with many others is taken for incompressible binary.
+_TEXT_BYTES = bytes(range(32, 127)) + b"\t\n\r\f\b"
+
+
+def looks_incompressible(data: bytes) -> bool:
+    sample = data[:512]
+    return len(sample.translate(None, _TEXT_BYTES)) * 3 > len(sample) and len(set(sample)) > 200
+
+
+def pack_body(data: bytes) -> tuple[bytes, bytes]:
+    """(kind, body): zlib with a window no larger than the data (cheaper to set up for small
+    objects); content that looks random is not even tried."""
+    if len(data) < 64 or looks_incompressible(data):
+        return RAW, data
+    packed = zlib.compress(data, 1, max(9, min(15, (len(data) - 1).bit_length())))
+    return (ZLIB, packed) if len(packed) < len(data) else (RAW, data)
+
+
+def read_all(fd: int, expected_size: int = _CHUNK) -> bytes:
+    """Everything readable from ``fd``; one read when the file has the size it was expected to."""
+    first = os.read(fd, expected_size + 1)
+    if len(first) == expected_size:
+        return first
+    parts = [first]
+    while chunk := os.read(fd, _CHUNK):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _read_one(dir_fd: int, name: bytes, max_size: int):
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            return None
+        if opened.st_size > max_size:
+            return TOO_LARGE, opened.st_size
+        if opened.st_size > COMPRESS_LIMIT:
+            return (ELSEWHERE,)
+        data = read_all(fd, opened.st_size)
+    except OSError:
+        return (ELSEWHERE,)
+    finally:
+        os.close(fd)
+    if len(data) > COMPRESS_LIMIT:
+        return (ELSEWHERE,)
+    kind, body = pack_body(data)
+    return (opened.st_mode, opened.st_size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
+            len(data), RECORD.pack(hashlib.sha256(data).digest(), kind, len(body)) + body)
+
+
+def serve(tasks: socket.socket, answers: int) -> None:
+    while True:
+        message, fds, _, _ = socket.recv_fds(tasks, MAX_TASK_BYTES, 1)
+        if not message:
+            return
+        try:
+            task, max_size, names = marshal.loads(message)
+            results = []
+            budget = ANSWER_BYTES if fds else -1
+            for name in names:
+                result = _read_one(fds[0], name, max_size) if budget >= 0 else (ELSEWHERE,)
+                if result is not None and len(result) == 7:
+                    budget -= len(result[6])
+                results.append(result)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        payload = marshal.dumps((task, results))
+        view = memoryview(FRAME.pack(len(payload)) + payload)
+        while view:
+            view = view[os.write(answers, view):]
+
+
+def main() -> None:
+    tasks = socket.socket(fileno=int(sys.argv[1]))
+    answers = int(sys.argv[2])
+    with contextlib.suppress(BrokenPipeError, ConnectionError, KeyboardInterrupt):
+        serve(tasks, answers)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Reader processes (``readers``): a large scan hands its file reads to them. What it stores
+must be exactly what an in-process scan stores, whatever the files are, and a reader that
+dies (or a server killed -9 mid-scan) must leave neither a wrong tree, nor a checkpoint
+referencing something not durable, nor a stray process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpointd.core import readworker
+from checkpointd.core.index import StatIndex
+from checkpointd.core.readers import Readers
+from checkpointd.core.snapshot import SKIP_TOO_LARGE, Snapshotter, disk_rules
+from checkpointd.core.store import ContentStore
+from checkpointd.core.tree import EntryKind, Trees
+from checkpointd.core.workspace import Workspace
+from tests.engine.conftest import write
+
+SERVICE = Path(__file__).resolve().parents[2] / "service"
+
+
+def populate(root: Path, dirs: int = 12, files: int = 20) -> None:
+    rng = __import__("random").Random(7)
+    for d in range(dirs):
+        for f in range(files):
+            if f % 5 == 0:
+                data = rng.randbytes(rng.randint(0, 6000))
+            else:
+                data = (f"line {d} {f} " * rng.randint(0, 400)).encode()
+            write(root / f"d{d}" / ("sub" if f % 3 else "") / f"f{f}.txt", data)
+    write(root / "same1.txt", "duplicate content\n" * 50)
+    write(root / "d0" / "same2.txt", "duplicate content\n" * 50)
+    write(root / "empty", b"")
+    write(root / "big.bin", os.urandom(readworker.COMPRESS_LIMIT + 4096))
+    write(root / "huge.bin", b"x" * 300_000)
+    write(root / "skip.log", "ignored\n")
+    write(root / ".gitignore", "*.log\n")
+    write(root / "d1" / ".gitignore", "f1*.txt\n!f10.txt\n")
+    write(root / "mode.sh", "#!/bin/sh\n", mode=0o755)
+    os.symlink("d0/f1.txt", root / "link")
+    os.mkfifo(root / "fifo")
+    (root / os.fsdecode(b"caf\xe9-latin1.txt")).write_bytes(b"a name that is not UTF-8\n" * 10)
+
+
+def scan(store: ContentStore, root: Path, snapshotter: Snapshotter, max_size: int = 250_000, on_dir=None):
+    workspace = Workspace(str(root))
+    with store.batch() as batch:
+        result = snapshotter.capture(workspace, disk_rules(workspace, [], []), max_size, batch, on_dir)
+    return result
+
+
+def contents(store: ContentStore, trees: Trees, tree: str) -> dict[str, tuple]:
+    out = {}
+    for path, entry in trees.flatten(tree):
+        data = store.read_bytes(entry.digest) if entry.kind is EntryKind.FILE else b""
+        out[path] = (entry.kind, entry.mode, entry.size, entry.digest, entry.target, data)
+    return out
+
+
+@pytest.fixture
+def reference(tmp_path):
+    """The workspace, and what an in-process scan (no reader processes) captures of it."""
+    root = tmp_path / "ws"
+    populate(root)
+    store = ContentStore(tmp_path / "ref-store")
+    trees = Trees(store)
+    result = scan(store, root, Snapshotter(store, trees, StatIndex(), reader_processes=0))
+    return root, result, contents(store, trees, result.tree)
+
+
+def readers_snapshotter(store: ContentStore, processes: int = 2) -> Snapshotter:
+    return Snapshotter(store, Trees(store), StatIndex(), reader_processes=processes, readers_min_files=1)
+
+
+def test_a_scan_with_reader_processes_stores_what_an_in_process_scan_stores(tmp_path, reference):
+    root, expected, expected_contents = reference
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store)
+    try:
+        result = scan(store, root, snapshotter)
+        assert snapshotter.readers.pids(), "the readers were not used"
+    finally:
+        snapshotter.close()
+    assert (result.tree, result.file_count, result.total_size, result.skipped) == (
+        expected.tree, expected.file_count, expected.total_size, expected.skipped)
+    assert any(s.reason == SKIP_TOO_LARGE for s in result.skipped)
+    # Durable and indexed as any other write: a reopened store has every object.
+    reopened = ContentStore(tmp_path / "store")
+    assert contents(reopened, Trees(reopened), result.tree) == expected_contents
+
+
+def test_reused_content_is_not_written_twice(tmp_path, reference):
+    root, expected, _ = reference
+    store = ContentStore(tmp_path / "store")
+    first = readers_snapshotter(store)
+    second = readers_snapshotter(store)
+    try:
+        scan(store, root, first)
+        size = sum(p.stat().st_size for p in store.packs_dir.iterdir())
+        # Another workspace's scan (its own stat index) of the same content writes no file again.
+        assert scan(store, root, second).tree == expected.tree
+    finally:
+        first.close()
+        second.close()
+    grown = sum(p.stat().st_size for p in store.packs_dir.iterdir()) - size
+    assert grown < 4096, f"{grown} bytes written for content already stored"
+
+
+def test_a_reader_killed_mid_scan_leaves_the_same_tree(tmp_path, reference):
+    root, expected, expected_contents = reference
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store)
+    seen = []
+
+    def kill_readers(directory: str, fd: int) -> None:
+        seen.append(directory)
+        if len(seen) == 6:
+            for pid in snapshotter.readers.pids():
+                os.kill(pid, signal.SIGKILL)
+
+    try:
+        result = scan(store, root, snapshotter, on_dir=kill_readers)
+        assert (result.tree, result.file_count, result.total_size, result.skipped) == (
+            expected.tree, expected.file_count, expected.total_size, expected.skipped)
+        # The next large scan starts new readers.
+        assert scan(store, root, snapshotter).tree == expected.tree
+        assert snapshotter.readers.pids()
+    finally:
+        snapshotter.close()
+    reopened = ContentStore(tmp_path / "store")
+    assert contents(reopened, Trees(reopened), result.tree) == expected_contents
+
+
+def test_a_reader_answering_nonsense_is_dropped_and_its_tasks_read_in_the_server(tmp_path, reference,
+                                                                                 monkeypatch):
+    root, expected, _ = reference
+    fake = tmp_path / "fake_reader.py"
+    fake.write_text(textwrap.dedent("""
+        import os, socket, sys
+        tasks = socket.socket(fileno=int(sys.argv[1]))
+        message, fds, _, _ = socket.recv_fds(tasks, 1 << 16, 1)
+        os.write(int(sys.argv[2]), b"\\0\\0\\0\\5junk!")
+        while tasks.recv(1 << 16):
+            pass
+    """))
+    monkeypatch.setattr(readworker, "__file__", str(fake))
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store, processes=1)
+    try:
+        result = scan(store, root, snapshotter)
+    finally:
+        snapshotter.close()
+    assert (result.tree, result.file_count, result.skipped) == (expected.tree, expected.file_count, expected.skipped)
+
+
+def test_small_scans_start_no_process(tmp_path):
+    root = tmp_path / "ws"
+    populate(root, dirs=2, files=5)
+    store = ContentStore(tmp_path / "store")
+    snapshotter = Snapshotter(store, Trees(store), StatIndex(), reader_processes=2)
+    try:
+        scan(store, root, snapshotter)
+        assert snapshotter.readers.pids() == []
+    finally:
+        snapshotter.close()
+
+
+def test_idle_readers_stop(tmp_path):
+    root = tmp_path / "ws"
+    populate(root, dirs=2, files=5)
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store)
+    snapshotter.readers.idle_seconds = 0.2
+    try:
+        scan(store, root, snapshotter)
+        pids = snapshotter.readers.pids()
+        assert pids
+        deadline = time.monotonic() + 10
+        while snapshotter.readers.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert snapshotter.readers.pids() == []
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(pid) for pid in pids)
+    finally:
+        snapshotter.close()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_server_killed_mid_scan_leaves_no_reader_and_a_consistent_store(tmp_path):
+    """kill -9 of the server during a scan with readers: they exit, nothing was committed,
+    and the store reopens with only whole, correct objects."""
+    root = tmp_path / "ws"
+    populate(root, dirs=30, files=30)
+    pids_file = tmp_path / "pids"
+    program = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(SERVICE)!r})
+        from checkpointd.core.index import StatIndex
+        from checkpointd.core.snapshot import Snapshotter, disk_rules
+        from checkpointd.core.store import ContentStore
+        from checkpointd.core.tree import Trees
+        from checkpointd.core.workspace import Workspace
+        store = ContentStore(__import__("pathlib").Path({str(tmp_path / "store")!r}))
+        snap = Snapshotter(store, Trees(store), StatIndex(), reader_processes=2, readers_min_files=1)
+        seen = []
+        def on_dir(directory, fd):
+            seen.append(directory)
+            if len(seen) == 20:
+                open({str(pids_file)!r}, "w").write(" ".join(map(str, snap.readers.pids())))
+                os.kill(os.getpid(), signal.SIGKILL)
+        ws = Workspace({str(root)!r})
+        with store.batch() as batch:
+            snap.capture(ws, disk_rules(ws, [], []), 1 << 30, batch, on_dir)
+    """)
+    process = subprocess.run([sys.executable, "-c", program], timeout=120)
+    assert process.returncode == -signal.SIGKILL
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert pids
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in pids), "a reader outlived the server"
+    store = ContentStore(tmp_path / "store")
+    for digest in store.iter_digests():
+        assert store.read_bytes(digest)  # verified against its digest
+
+
+def test_readers_can_be_closed_while_idle_and_refuse_work_after(tmp_path):
+    readers = Readers(1, lambda fd, names, batch: [None for _ in names])
+    assert readers.start()
+    readers.close()
+    assert not readers.start()
+    assert readers.pids() == []
