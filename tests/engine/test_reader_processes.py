@@ -247,3 +247,26 @@ def test_readers_can_be_closed_while_idle_and_refuse_work_after(tmp_path):
     readers.close()
     assert not readers.start()
     assert readers.pids() == []
+
+
+def test_a_scan_that_fails_writes_nothing_once_it_has_returned(tmp_path, reference):
+    root, _, _ = reference
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store)
+    seen = []
+
+    def fail(directory: str, fd: int) -> None:
+        seen.append(directory)
+        if len(seen) == 8:
+            raise RuntimeError("the scan stops here")
+
+    try:
+        with pytest.raises(RuntimeError):
+            scan(store, root, snapshotter, on_dir=fail)
+        size = sum(p.stat().st_size for p in store.packs_dir.iterdir())
+        time.sleep(0.3)
+        assert sum(p.stat().st_size for p in store.packs_dir.iterdir()) == size
+        assert not store._staged and not snapshotter.readers.answered
+        assert not any(reader.in_flight for reader in snapshotter.readers._readers)
+    finally:
+        snapshotter.close()

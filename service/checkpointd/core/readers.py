@@ -37,7 +37,7 @@ from checkpointd.core.tree import Entry, EntryKind
 log = logging.getLogger("checkpointd.readers")
 
 #: Tasks sent to one reader and not answered yet, at most (bounds memory and open descriptors).
-MAX_IN_FLIGHT = 4
+MAX_IN_FLIGHT = 8
 #: A task takes at most this many files, and files of at most this many bytes in all.
 TASK_FILES = 64
 TASK_BYTES = 2 << 20
@@ -252,8 +252,10 @@ class Readers:
             self._readers = [reader for reader in self._readers if reader.alive]
             while len(self._readers) < self.processes:
                 try:
+                    if not sys.executable:
+                        raise OSError("no Python executable to start")
                     self._readers.append(_Reader(self))
-                except OSError as exc:
+                except (OSError, ValueError, subprocess.SubprocessError) as exc:
                     log.warning("cannot start a reader process (%s); reading in the server", exc)
                     break
             return bool(self._readers)

@@ -41,7 +41,7 @@ RECORD = struct.Struct(">32scI")
 #: Largest task message (names and framing): well below an AF_UNIX socket's buffer.
 MAX_TASK_BYTES = 64 << 10
 #: A task's answer carries files of at most about this many bytes; the server reads the rest.
-ANSWER_BYTES = 8 << 20
+ANSWER_BYTES = 4 << 20
 _CHUNK = 1 << 20
 
 #: Bytes that make up text; a sample with many others is taken for incompressible binary.

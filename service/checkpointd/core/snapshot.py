@@ -10,6 +10,7 @@ besides system calls and compression holds the GIL, so only processes use every 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -72,6 +73,8 @@ class ScanTally:
     #: Files handed to be read so far, and whether reader processes take them (None: not asked yet).
     reading: int = 0
     readers: bool | None = None
+    #: Reads started in the background (see ``Snapshotter.scan``).
+    handed: list = field(default_factory=list)
 
 
 def stored(batch: Batch, store: ContentStore, digest: str) -> bool:
@@ -161,12 +164,16 @@ class Snapshotter:
 
         The walk hands files to read to the thread pool and goes on walking; tree nodes are
         written afterwards, bottom-up, as the reads complete."""
-        if self.readers is None:
-            return self._build(self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir),
-                               batch, tally)
-        with self.readers.using():
-            walked = self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir)
-            return self._build(walked, batch, tally)
+        with self.readers.using() if self.readers is not None else contextlib.nullcontext():
+            try:
+                walked = self._walk(dir_fd, prefix, rules, max_size, batch, indexed, tally, on_dir)
+                return self._build(walked, batch, tally)
+            except BaseException:
+                # Nothing may write into the batch once the caller has aborted it.
+                for part in tally.handed:
+                    with contextlib.suppress(BaseException):
+                        self._results(part)
+                raise
 
     def _walk(self, dir_fd: int, prefix: str, rules: IgnoreRules, max_size: int, batch: Batch,
               indexed: RootIndex, tally: ScanTally, on_dir: DirectoryHook | None) -> _Walked:
@@ -284,6 +291,7 @@ class Snapshotter:
                 parts.append(_FromReaders(future) if future is not None else self._pool.submit(
                     _read_files, dir_fd, [(name, "") for name in chunk], batch, closer))
             parts.extend(self._pool.submit(_read_files, dir_fd, chunk, batch, closer) for chunk in threaded)
+        tally.handed.extend(parts)
         if inline is not None:
             parts.append(inline)
         walked.parts = parts

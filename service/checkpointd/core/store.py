@@ -693,11 +693,17 @@ class Batch:
             self.abort()
             raise
         committed = self.store._committed
+        loose = _Location(None)
         for digest, location in self._pending.items():
-            self._count_dead(committed.get(digest))
-            committed[digest] = _Location(None) if isinstance(location, _StagedFile) else location
-            if location.kind == _DELTA:
-                self.store._dependents.setdefault(location.base, set()).add(digest)
+            previous = committed.get(digest)
+            if previous is not None:
+                self._count_dead(previous)
+            if location.pack is None:
+                committed[digest] = loose
+            else:
+                committed[digest] = location
+                if location.kind == _DELTA:
+                    self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)
 
@@ -736,10 +742,11 @@ class Batch:
             raise _storage_error(exc) from exc
 
     def _forget(self) -> None:
+        staged = self.store._staged
         with self.store._staged_lock:
             for digest, location in self._pending.items():
-                if self.store._staged.get(digest) is location:
-                    del self.store._staged[digest]
+                if staged.get(digest) is location:
+                    del staged[digest]
         self._pending.clear()
         self._pack_ends.clear()
 
