@@ -41,6 +41,9 @@ def populate(root: Path, dirs: int = 12, files: int = 20) -> None:
     write(root / "empty", b"")
     write(root / "big.bin", os.urandom(readworker.COMPRESS_LIMIT + 4096))
     write(root / "huge.bin", b"x" * 300_000)
+    # Walked once the readers run, unstated: the readers find these too large for them.
+    write(root / "d9" / "zz-big.bin", os.urandom(readworker.COMPRESS_LIMIT + 4096))
+    write(root / "d9" / "zz-huge.bin", b"y" * 300_000)
     write(root / "skip.log", "ignored\n")
     write(root / ".gitignore", "*.log\n")
     write(root / "d1" / ".gitignore", "f1*.txt\n!f10.txt\n")
@@ -242,7 +245,7 @@ def test_a_server_killed_mid_scan_leaves_no_reader_and_a_consistent_store(tmp_pa
 
 
 def test_readers_can_be_closed_while_idle_and_refuse_work_after(tmp_path):
-    readers = Readers(1, lambda fd, names, batch: [None for _ in names])
+    readers = Readers(1, lambda fd, names, batch, max_size: [None for _ in names])
     assert readers.start()
     readers.close()
     assert not readers.start()
@@ -270,3 +273,60 @@ def test_a_scan_that_fails_writes_nothing_once_it_has_returned(tmp_path, referen
         assert not any(reader.in_flight for reader in snapshotter.readers._readers)
     finally:
         snapshotter.close()
+
+
+def test_a_reader_gives_up_on_a_file_that_grows_past_what_it_handles(tmp_path):
+    path = tmp_path / "growing"
+    path.write_bytes(b"z" * (readworker.COMPRESS_LIMIT + 10))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert readworker._read_bounded(fd, 100) is None
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert readworker._read_bounded(fd, readworker.COMPRESS_LIMIT + 10) == b"z" * (readworker.COMPRESS_LIMIT + 10)
+    finally:
+        os.close(fd)
+    path.write_bytes(b"short")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert readworker._read_bounded(fd, 2) == b"short"
+    finally:
+        os.close(fd)
+
+
+def _mutate(root: Path, rng) -> None:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    for path in rng.sample(files, 5):
+        with open(path, "ab") as f:
+            f.write(rng.randbytes(rng.randint(1, 3000)) if rng.random() < 0.3 else b"more text\n" * rng.randint(1, 50))
+    for path in rng.sample(files, 2):
+        path.unlink()
+    for _ in range(6):
+        write(root / f"d{rng.randrange(14)}" / f"new{rng.randrange(10_000)}.txt", "fresh\n" * rng.randint(0, 90))
+    chosen = root / f"d{rng.randrange(12)}"
+    if rng.random() < 0.5:
+        write(chosen / ".gitignore", rng.choice(["f2*.txt\n", "sub/\n", "*.txt\n!f1.txt\n", ""]))
+    target = rng.choice(files)
+    if target.exists():
+        os.chmod(target, rng.choice([0o644, 0o755, 0o600]))
+
+
+def test_repeated_scans_with_readers_match_scans_without(tmp_path):
+    """The stat index, new files, changed .gitignore files: scans that use reader processes
+    (and skip the stat of unindexed files) capture what in-process scans capture."""
+    rng = __import__("random").Random(3)
+    root = tmp_path / "ws"
+    populate(root, dirs=12, files=12)
+    store = ContentStore(tmp_path / "store")
+    trees = Trees(store)
+    index = StatIndex(tmp_path / "index.sqlite")
+    with_readers = Snapshotter(store, trees, index, reader_processes=2, readers_min_files=1)
+    without = Snapshotter(store, trees, StatIndex(), reader_processes=0)
+    try:
+        for _ in range(6):
+            a = scan(store, root, with_readers)
+            b = scan(store, root, without)
+            assert (a.tree, a.file_count, a.total_size, a.skipped) == (b.tree, b.file_count, b.total_size, b.skipped)
+            _mutate(root, rng)
+    finally:
+        with_readers.close()
+        index.close()

@@ -47,8 +47,8 @@ _READER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(16 << 20), "MALLOC_TOP_PAD_": str(1
 #: Readers with nothing to do for this long are stopped.
 IDLE_SECONDS = 60.0
 
-#: Reads files in the server itself: (dir fd, [(name, similar digest)], batch) -> results.
-Fallback = Callable[[int, list[tuple[str, str]], Batch], list]
+#: Reads files in the server itself: (dir fd, [(name, similar digest)], batch, max size) -> results.
+Fallback = Callable[[int, list[tuple[str, str]], Batch, int], list]
 
 
 class Opened(NamedTuple):
@@ -255,7 +255,7 @@ class Readers:
                     if not sys.executable:
                         raise OSError("no Python executable to start")
                     self._readers.append(_Reader(self))
-                except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                except Exception as exc:  # noqa: BLE001 - reading in the server is always possible
                     log.warning("cannot start a reader process (%s); reading in the server", exc)
                     break
             return bool(self._readers)
@@ -308,7 +308,7 @@ class Readers:
     def _complete(self, task: _Task, results: list | None) -> None:
         try:
             if results is None:
-                out = self.fallback(task.dir_fd, [(name, "") for name in task.names], task.batch)
+                out = self.fallback(task.dir_fd, [(name, "") for name in task.names], task.batch, task.max_size)
             else:
                 out = []
                 records = []
@@ -324,7 +324,7 @@ class Readers:
                     elif result[0] == readworker.TOO_LARGE:
                         out.append(TooLarge(result[1]))
                     else:
-                        out.append(self.fallback(task.dir_fd, [(name, "")], task.batch)[0])
+                        out.append(self.fallback(task.dir_fd, [(name, "")], task.batch, task.max_size)[0])
                 task.batch.put_records(records)
         except BaseException as exc:
             task.done()

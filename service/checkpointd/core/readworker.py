@@ -62,15 +62,17 @@ def pack_body(data: bytes) -> tuple[bytes, bytes]:
     return (ZLIB, packed) if len(packed) < len(data) else (RAW, data)
 
 
-def read_all(fd: int, expected_size: int = _CHUNK) -> bytes:
-    """Everything readable from ``fd``; one read when the file has the size it was expected to."""
+def _read_bounded(fd: int, expected_size: int) -> bytes | None:
+    """Everything readable from ``fd`` (one read when the file has the size it was expected
+    to), or None past ``COMPRESS_LIMIT`` (a file growing meanwhile)."""
     first = os.read(fd, expected_size + 1)
     if len(first) == expected_size:
         return first
-    parts = [first]
-    while chunk := os.read(fd, _CHUNK):
+    parts, total = [first], len(first)
+    while total <= COMPRESS_LIMIT and (chunk := os.read(fd, _CHUNK)):
         parts.append(chunk)
-    return b"".join(parts)
+        total += len(chunk)
+    return b"".join(parts) if total <= COMPRESS_LIMIT else None
 
 
 def _read_one(dir_fd: int, name: bytes, max_size: int):
@@ -86,12 +88,12 @@ def _read_one(dir_fd: int, name: bytes, max_size: int):
             return TOO_LARGE, opened.st_size
         if opened.st_size > COMPRESS_LIMIT:
             return (ELSEWHERE,)
-        data = read_all(fd, opened.st_size)
+        data = _read_bounded(fd, opened.st_size)
     except OSError:
         return (ELSEWHERE,)
     finally:
         os.close(fd)
-    if len(data) > COMPRESS_LIMIT:
+    if data is None:
         return (ELSEWHERE,)
     kind, body = pack_body(data)
     return (opened.st_mode, opened.st_size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,

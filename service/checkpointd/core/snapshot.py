@@ -127,7 +127,7 @@ class Snapshotter:
         if reader_processes is None:
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             reader_processes = min(4, cores) if cores > 1 else 0
-        self.readers = Readers(reader_processes, _read_files) if reader_processes > 0 else None
+        self.readers = Readers(reader_processes, _read_unstated) if reader_processes > 0 else None
         self._readers_min_files = readers_min_files
 
     def close(self) -> None:
@@ -289,7 +289,7 @@ class Snapshotter:
             for chunk in pooled_chunks:
                 future = self.readers.submit(dir_fd, chunk, max_size, batch, closer.done)
                 parts.append(_FromReaders(future) if future is not None else self._pool.submit(
-                    _read_files, dir_fd, [(name, "") for name in chunk], batch, closer))
+                    _read_files, dir_fd, [(name, "") for name in chunk], batch, closer, max_size))
             parts.extend(self._pool.submit(_read_files, dir_fd, chunk, batch, closer) for chunk in threaded)
         tally.handed.extend(parts)
         if inline is not None:
@@ -394,18 +394,26 @@ class _CloseWhenDone:
             os.close(self._fd)
 
 
-def _read_files(dir_fd: int, names: list[tuple[str, str]], batch: Batch,
-                closer: _CloseWhenDone | None = None) -> list[tuple[Entry, os.stat_result] | None]:
+def _read_files(dir_fd: int, names: list[tuple[str, str]], batch: Batch, closer: _CloseWhenDone | None = None,
+                max_size: int | None = None) -> list[tuple[Entry, os.stat_result] | TooLarge | None]:
     try:
-        return [read_file(dir_fd, name, batch, similar) for name, similar in names]
+        return [read_file(dir_fd, name, batch, similar, max_size) for name, similar in names]
     finally:
         if closer is not None:
             closer.done()
 
 
-def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "") -> tuple[Entry, os.stat_result] | None:
+def _read_unstated(dir_fd: int, names: list[tuple[str, str]], batch: Batch,
+                   max_size: int) -> list[tuple[Entry, os.stat_result] | TooLarge | None]:
+    """Reads, in the server, files a reader process was to read (see ``Readers``)."""
+    return _read_files(dir_fd, names, batch, None, max_size)
+
+
+def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "",
+              max_size: int | None = None) -> tuple[Entry, os.stat_result] | TooLarge | None:
     """Stores one regular file's content (``similar``: its previous version's digest, if
-    known); None when it cannot be read as a regular file."""
+    known); None when it cannot be read as a regular file. With ``max_size`` (for a file not
+    checked against it yet), a larger file is not read: ``TooLarge``."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
@@ -414,6 +422,8 @@ def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "") -> tuple[
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
             return None
+        if max_size is not None and opened.st_size > max_size:
+            return TooLarge(opened.st_size)
         if similar and isinstance(batch, Batch):
             digest, size = batch.put_fd(fd, opened.st_size, similar)
         else:
