@@ -15,6 +15,7 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class ScanTally:
     readers: bool | None = None
     #: Reads started in the background (see ``Snapshotter.scan``).
     handed: list = field(default_factory=list)
+    #: Walked directories whose nodes are not written yet, children first (see ``_build_ready``).
+    unbuilt: deque = field(default_factory=deque)
 
 
 def stored(batch: Batch, store: ContentStore, digest: str) -> bool:
@@ -248,7 +251,16 @@ class Snapshotter:
         finally:
             if not handed_over:
                 os.close(dir_fd)
+        tally.unbuilt.append(walked)
+        self._build_ready(batch, tally)
         return walked
+
+    def _build_ready(self, batch: Batch, tally: ScanTally) -> None:
+        """Writes the nodes of walked directories whose reads are all done, in the order they
+        were walked (children first): the end of a scan has less left to do."""
+        unbuilt = tally.unbuilt
+        while unbuilt and all(_done(part) for part in unbuilt[0].parts):
+            self._build(unbuilt.popleft(), batch, tally)
 
     def _use_readers(self, batch: Batch, tally: ScanTally) -> bool:
         if tally.readers is None:
@@ -298,6 +310,8 @@ class Snapshotter:
         return bool(pooled_chunks or threaded)
 
     def _build(self, walked: _Walked, batch: Batch, tally: ScanTally) -> str:
+        if walked.digest:
+            return walked.digest
         children = walked.children
         for name, mode, sub in walked.subdirs:
             children[name] = Entry(EntryKind.DIR, mode, 0, self._build(sub, batch, tally))
@@ -316,7 +330,10 @@ class Snapshotter:
             children[name] = entry
             tally.file_count += 1
             tally.total_size += entry.size
-        return self.trees.write(batch, children)
+        walked.digest = self.trees.write(batch, children)
+        # Only the digest is needed from now on.
+        walked.children, walked.to_read, walked.subdirs, walked.parts = {}, [], [], []
+        return walked.digest
 
     def _results(self, part: list | Future | _FromReaders) -> list:
         if isinstance(part, _FromReaders):
@@ -357,6 +374,12 @@ def _name(entry: os.DirEntry) -> str:
     return entry.name
 
 
+def _done(part: list | Future | _FromReaders) -> bool:
+    if isinstance(part, _FromReaders):
+        return part.future.done()
+    return part.done() if isinstance(part, Future) else True
+
+
 class _FromReaders(NamedTuple):
     """Results that reader processes are working out (see ``Readers.result``)."""
 
@@ -366,7 +389,7 @@ class _FromReaders(NamedTuple):
 class _Walked:
     """One directory as walked: entries known at once, files being read, subdirectories."""
 
-    __slots__ = ("children", "to_read", "subdirs", "parts", "read_at")
+    __slots__ = ("children", "to_read", "subdirs", "parts", "read_at", "digest")
 
     def __init__(self) -> None:
         self.children: dict[str, Entry] = {}
@@ -376,6 +399,8 @@ class _Walked:
         #: The results of ``to_read``, in order: lists of them, or futures of such lists.
         self.parts: list[Future | list | _FromReaders] = []
         self.read_at = 0
+        #: Its node's digest, once written.
+        self.digest = ""
 
 
 class _CloseWhenDone:
