@@ -330,3 +330,40 @@ def test_repeated_scans_with_readers_match_scans_without(tmp_path):
     finally:
         with_readers.close()
         index.close()
+
+
+def test_a_full_disk_while_readers_run_fails_the_scan_cleanly(tmp_path, reference, monkeypatch):
+    import errno
+
+    from checkpointd.core import store as store_module
+    from checkpointd.core.errors import ResourceExhausted
+
+    root, expected, _ = reference
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store)
+    real_pwrite = os.pwrite
+    writes = []
+
+    def filling(fd, data, offset):
+        writes.append(len(data))
+        if len(writes) > 6:
+            real_pwrite(fd, data[: len(data) // 2], offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    try:
+        monkeypatch.setattr(store_module.os, "pwrite", filling)
+        with pytest.raises(ResourceExhausted):
+            scan(store, root, snapshotter)
+        monkeypatch.undo()
+        assert not store._staged
+        # Space is back: the same snapshotter (and its readers) captures everything.
+        result = scan(store, root, snapshotter)
+        assert result.tree == expected.tree
+    finally:
+        snapshotter.close()
+    reopened = ContentStore(tmp_path / "store")
+    trees = Trees(reopened)
+    for _, entry in trees.flatten(result.tree):
+        if entry.kind is EntryKind.FILE:
+            reopened.read_bytes(entry.digest)

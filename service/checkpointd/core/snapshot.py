@@ -261,6 +261,8 @@ class Snapshotter:
         unbuilt = tally.unbuilt
         while unbuilt and all(_done(part) for part in unbuilt[0].parts):
             self._build(unbuilt.popleft(), batch, tally)
+        if len(tally.handed) > 1024:
+            tally.handed = [part for part in tally.handed if not _done(part)]
 
     def _use_readers(self, batch: Batch, tally: ScanTally) -> bool:
         if tally.readers is None:
