@@ -251,6 +251,7 @@ class CheckpointdServer:
         if self.metrics is not None:
             self.metrics.close()
             telemetry.unbind(self.metrics)
+        self.checkpoints.close()
         self.store.close()
         self.db.dispose()
         if self._data_lock is not None:

@@ -132,3 +132,36 @@ def test_rollback_in_flight_during_sigterm_completes(short_tmp, sigterm_handlers
     channel.close()
     assert result.safety_checkpoint.checkpoint_id
     assert tree_state(workspace) == expected
+
+
+def test_stopping_the_server_stops_its_reader_processes(short_tmp):
+    base = short_tmp / f"readers-{ULID()}"
+    workspace = base / "ws"
+    for d in range(25):
+        (workspace / f"d{d}").mkdir(parents=True)
+        for f in range(100):
+            (workspace / f"d{d}" / f"f{f}.txt").write_text(f"file {d}/{f}\n" * 20)
+    server = CheckpointdServer(_settings(base))
+    server.start()
+    readers = server.checkpoints.snapshotter.readers
+    if readers is None:
+        server.stop()
+        pytest.skip("one core: large scans use no reader processes")
+    try:
+        with grpc.insecure_channel(server.addresses[0]) as channel:
+            created = pb_grpc.CheckpointServiceStub(channel).CreateCheckpoint(
+                pb.CreateCheckpointRequest(plan_id=str(ULID()), workspace_root=str(workspace)), timeout=120).checkpoint
+        assert created.file_count == 2500
+        pids = readers.pids()
+        assert pids, "a 2,500-file first scan reads through reader processes"
+    finally:
+        server.stop()
+    wait_until(lambda: not any(_alive(pid) for pid in pids), "the reader processes to exit", timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return waited == 0

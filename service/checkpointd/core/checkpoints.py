@@ -184,6 +184,10 @@ class Checkpoints:
         self.journal = RollbackJournal(Path(settings.data_dir) / "rollback-journal")
         self.recover_interrupted_rollbacks()
 
+    def close(self) -> None:
+        """Stops the snapshot engine's reader processes; a capture still running reads its files itself."""
+        self.snapshotter.close()
+
     # -- plumbing -----------------------------------------------------------------------
 
     @contextmanager
