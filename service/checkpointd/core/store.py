@@ -167,21 +167,22 @@ class _Pack:
         self._sync_lock = threading.Lock()
 
     def append(self, digest: str, kind: bytes, body: bytes, base: str = "", depth: int = 0) -> _Location:
-        record = _RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body
-        with self._append_lock:
-            offset = self.size
-            try:
-                _pwrite_all(self.fd, record, offset)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self.fd, offset)
-                raise _storage_error(exc) from exc
-            self.size = offset + len(record)
+        offset = self._append(_RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body)
         return _Location(self, offset + _RECORD.size, len(body), kind, base, depth)
 
     def append_records(self, records: list[bytes]) -> list[_Location]:
         """Appends whole records (header and body) with one write; their locations, in order."""
-        data = b"".join(records)
+        offset = self._append(b"".join(records))
+        locations = []
+        header = _RECORD.size
+        for record in records:
+            locations.append(_Location(self, offset + header, len(record) - header, record[32:33]))
+            offset += len(record)
+        return locations
+
+    def _append(self, data: bytes) -> int:
+        """Writes ``data`` at the end of the pack; returns where it starts. A write that fails
+        part-way is cut off again, so the pack never ends in a torn record of ours."""
         with self._append_lock:
             offset = self.size
             try:
@@ -191,12 +192,7 @@ class _Pack:
                     os.ftruncate(self.fd, offset)
                 raise _storage_error(exc) from exc
             self.size = offset + len(data)
-        locations = []
-        header = _RECORD.size
-        for record in records:
-            locations.append(_Location(self, offset + header, len(record) - header, record[32:33]))
-            offset += len(record)
-        return locations
+        return offset
 
     def sync_to(self, end: int) -> None:
         """Makes the pack durable at least up to ``end``; one fdatasync serves every waiter."""
