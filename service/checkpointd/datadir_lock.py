@@ -24,6 +24,8 @@ class DataDirBusy(RuntimeError):
 
 
 class DataDirLock:
+    protection = "cross-process GC protection"
+
     def __init__(self, data_dir: Path, exclusive: bool) -> None:
         self.path = data_dir / LOCK_NAME
         self.exclusive = exclusive
@@ -37,7 +39,7 @@ class DataDirLock:
             os.close(fd)
             raise DataDirBusy(self._busy_message()) from None
         except OSError as exc:
-            log.warning("cannot lock %s (%s); cross-process GC protection is off", self.path, exc.strerror)
+            log.warning("cannot lock %s (%s); %s is off", self.path, exc.strerror, self.protection)
         self._fd = fd
         return self
 
@@ -59,3 +61,21 @@ class DataDirLock:
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+class ServingLock(DataDirLock):
+    """One server per SQLite database, held for as long as it serves: what it keeps in memory
+    (resolved config, known plans, the content store's index) assumes that no other server
+    writes the database. Offline commands do not take it."""
+
+    protection = "the one-server-per-database check"
+
+    def __init__(self, database: Path) -> None:
+        self.path = database.with_name(database.name + ".serving.lock")
+        self.exclusive = True
+        self._fd = None
+        self.database = database
+
+    def _busy_message(self) -> str:
+        return (f"the SQLite database {self.database} is already served by another checkpointd; SQLite takes one "
+                "server per database (run several replicas on PostgreSQL, see README)")

@@ -34,7 +34,7 @@ from checkpointd.core.config import ConfigStore
 from checkpointd.core.db import Database
 from checkpointd.core.db_store import StoreKind, open_store
 from checkpointd.core.retention import Maintenance, MaintenanceReport
-from checkpointd.datadir_lock import DataDirLock
+from checkpointd.datadir_lock import DataDirLock, ServingLock
 from checkpointd.listeners import Listener, ListenerError, TlsFiles, is_loopback, parse_listen
 
 log = logging.getLogger("checkpointd")
@@ -130,9 +130,14 @@ class CheckpointdServer:
             raise ListenerError(f"socket mode {settings.socket_mode:o} is not a permission mode")
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.db = Database(settings.database_url)
+        self._serving_lock = ServingLock(Path(self.db.sqlite_path)).acquire() if self.db.sqlite_path else None
         self._data_lock: DataDirLock | None = None
         if needs_data_dir_lock(settings.store, self.db):
-            self._data_lock = DataDirLock(settings.data_dir, exclusive=settings.gc_interval_seconds > 0).acquire()
+            try:
+                self._data_lock = DataDirLock(settings.data_dir, exclusive=settings.gc_interval_seconds > 0).acquire()
+            except BaseException:
+                self._release_locks()
+                raise
         self.db.migrate()
         self.store = open_store(settings.store, self.db, settings.data_dir)
         self.config = ConfigStore(self.db)
@@ -254,10 +259,14 @@ class CheckpointdServer:
         self.checkpoints.close()
         self.store.close()
         self.db.dispose()
-        if self._data_lock is not None:
-            self._data_lock.release()
+        self._release_locks()
         log.info("checkpointd stopped")
         self._stopped.set()
+
+    def _release_locks(self) -> None:
+        for lock in (self._data_lock, self._serving_lock):
+            if lock is not None:
+                lock.release()
 
     def wait(self) -> None:
         self.server.wait_for_termination()

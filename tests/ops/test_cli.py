@@ -10,7 +10,7 @@ from ulid import ULID
 
 from tests.conftest import free_port
 from tests.helpers import tree_state
-from tests.ops.conftest import TOKEN, run_cli
+from tests.ops.conftest import TOKEN, run_cli, server_exit
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -155,3 +155,17 @@ def test_delete_asks_first(tcp, workspace, plan_id):
     assert kept.returncode == 1 and len(json.loads(run_cli("ls", plan_id, "--json", *tcp).stdout)) == 1
     gone = run_cli("delete", checkpoint["checkpoint_id"], "--yes", *tcp)
     assert gone.returncode == 0 and json.loads(run_cli("ls", plan_id, "--json", *tcp).stdout) == []
+
+
+def test_a_second_server_on_the_same_sqlite_database_is_refused(ops_server):
+    first = ops_server()
+    if first.db_url:
+        pytest.skip("any number of servers may share a PostgreSQL database")
+    refused = server_exit(["--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(first.data_dir),
+                           "--workspace-root", str(first.allowed_root)])
+    assert refused.returncode == 2, refused.stderr
+    assert "is already served by another checkpointd" in refused.stderr
+    assert first.serving()
+    first.stop()
+    first.start()
+    assert first.serving(), "once the first server has stopped, the database can be served again"

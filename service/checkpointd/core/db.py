@@ -120,6 +120,12 @@ class Database:
         return self.dialect == SQLITE
 
     @property
+    def sqlite_path(self) -> str | None:
+        """The SQLite database's file; None for PostgreSQL or an in-memory database."""
+        database = make_url(self.url).database if self.is_sqlite else None
+        return None if not database or database == ":memory:" else database
+
+    @property
     def is_postgresql(self) -> bool:
         return self.dialect == POSTGRESQL
 
