@@ -181,6 +181,7 @@ class Checkpoints:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
+        self._data_dir = os.path.realpath(settings.data_dir)
         self.journal = RollbackJournal(Path(settings.data_dir) / "rollback-journal")
         self.recover_interrupted_rollbacks()
 
@@ -215,7 +216,7 @@ class Checkpoints:
 
     def _excluded_paths(self, root: str) -> list[str]:
         """The server's own data directory is never captured, even inside a workspace."""
-        data = os.path.realpath(self.settings.data_dir)
+        data = self._data_dir
         if data == root or data.startswith(root + "/"):
             return [os.path.relpath(data, root)] if data != root else []
         return []

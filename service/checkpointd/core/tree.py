@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 from checkpointd.core.store import Batch, ContentStore, digest_bytes
 
@@ -66,7 +67,12 @@ class Trees:
 
     def __init__(self, store: ContentStore, cache_size: int = 65536) -> None:
         self.store = store
-        self._read = lru_cache(maxsize=cache_size)(self._read_uncached)
+        #: Decoded nodes by digest, least recently used first. A node is content-addressed, so
+        #: what is cached stays true; nodes just written are cached too, as the next capture
+        #: of the same workspace starts from them.
+        self._cache: OrderedDict[str, dict[str, Entry]] = OrderedDict()
+        self._cache_size = cache_size
+        self._cache_lock = threading.Lock()
 
     def _read_uncached(self, digest: str) -> dict[str, Entry]:
         if digest == EMPTY_TREE:
@@ -74,17 +80,33 @@ class Trees:
         return decode_node(self.store.read_bytes(digest))
 
     def read(self, digest: str) -> dict[str, Entry]:
-        return self._read(digest)
+        with self._cache_lock:
+            node = self._cache.get(digest)
+            if node is not None:
+                self._cache.move_to_end(digest)
+                return node
+        node = self._read_uncached(digest)
+        self._remember(digest, node)
+        return node
 
-    @staticmethod
-    def write(batch: Batch, children: Mapping[str, Entry], previous: Mapping[str, Entry] | None = None,
+    def _remember(self, digest: str, node: dict[str, Entry]) -> None:
+        with self._cache_lock:
+            self._cache[digest] = node
+            self._cache.move_to_end(digest)
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+    def write(self, batch: Batch, children: Mapping[str, Entry], previous: Mapping[str, Entry] | None = None,
               previous_digest: str = "") -> str:
         """Stores a node; ``previous`` (the node it replaces, stored as ``previous_digest``)
         lets the store keep just the difference."""
         data = encode_node(children)
         if previous_digest and isinstance(batch, Batch):
-            return batch.put_bytes(data, previous_digest, encode_node(previous))
-        return batch.put_bytes(data)
+            digest = batch.put_bytes(data, previous_digest, encode_node(previous))
+        else:
+            digest = batch.put_bytes(data)
+        self._remember(digest, dict(children))
+        return digest
 
     def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
         for name, entry in self.read(digest).items():
