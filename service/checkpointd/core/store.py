@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
-from checkpointd.core.readworker import COMPRESS_LIMIT, RECORD, pack_body
+from checkpointd.core.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, pack_body
 
 log = logging.getLogger("checkpointd.store")
 
-_RAW = b"R"
-_ZLIB = b"Z"
+#: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
+#: processes share (see ``readworker``).
 _DELTA = b"X"
 _DELETED = b"D"
 #: A delta is zlib with the content of another object (its base) as preset dictionary:
@@ -52,13 +52,10 @@ _DELTA_HEADER = struct.Struct(">32sB")
 MAX_DELTA_DEPTH = 8
 #: zlib looks back 32 KiB at most: beyond that a base helps little.
 _DELTA_LIMIT = 64 << 10
-#: Objects up to this size are compressed in memory when that makes them smaller, and packed.
-_COMPRESS_LIMIT = COMPRESS_LIMIT
 _CHUNK = 1 << 20
 
 _PACK_MAGIC = b"CKPTPAK1"
 _PACK_HEADER = struct.Struct(">8sQ")
-_RECORD = RECORD
 #: A pack stops taking new records past this size; a new one is started.
 PACK_ROTATE_BYTES = 256 << 20
 #: How many large objects a commit syncs one by one before a whole-file-system sync is cheaper.
@@ -92,11 +89,6 @@ def _storage_error(exc: OSError) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"content store is full: {exc.strerror}")
     return exc
-
-
-def _pack_body(data: bytes) -> tuple[bytes, bytes]:
-    """(kind, body) of a pack record for ``data`` (see ``readworker.pack_body``)."""
-    return pack_body(data)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -148,7 +140,7 @@ class _Location:
     pack: _Pack | None
     offset: int = 0
     length: int = 0
-    kind: bytes = _RAW
+    kind: bytes = RAW
     #: Deltas only: the base's digest and how many deltas deep this one is.
     base: str = ""
     depth: int = 0
@@ -167,14 +159,14 @@ class _Pack:
         self._sync_lock = threading.Lock()
 
     def append(self, digest: str, kind: bytes, body: bytes, base: str = "", depth: int = 0) -> _Location:
-        offset = self._append(_RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body)
-        return _Location(self, offset + _RECORD.size, len(body), kind, base, depth)
+        offset = self._append(RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body)
+        return _Location(self, offset + RECORD.size, len(body), kind, base, depth)
 
     def append_records(self, records: list[bytes]) -> list[_Location]:
         """Appends whole records (header and body) with one write; their locations, in order."""
         offset = self._append(b"".join(records))
         locations = []
-        header = _RECORD.size
+        header = RECORD.size
         for record in records:
             locations.append(_Location(self, offset + header, len(record) - header, record[32:33]))
             offset += len(record)
@@ -293,12 +285,12 @@ class ContentStore:
             raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
         offset = _PACK_HEADER.size
         buffer, buffer_start = b"", offset
-        while offset + _RECORD.size <= size:
-            if offset + _RECORD.size > buffer_start + len(buffer):
+        while offset + RECORD.size <= size:
+            if offset + RECORD.size > buffer_start + len(buffer):
                 buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
-            raw_digest, kind, length = _RECORD.unpack_from(buffer, offset - buffer_start)
-            body_at = offset + _RECORD.size
-            if kind not in (_RAW, _ZLIB, _DELTA, _DELETED) or body_at + length > size:
+            raw_digest, kind, length = RECORD.unpack_from(buffer, offset - buffer_start)
+            body_at = offset + RECORD.size
+            if kind not in (RAW, ZLIB, _DELTA, _DELETED) or body_at + length > size:
                 break
             digest = raw_digest.hex()
             if kind == _DELTA:
@@ -316,7 +308,7 @@ class ContentStore:
                     break
             previous = self._committed.pop(digest, None) if kind == _DELETED else self._committed.get(digest)
             if previous is not None and previous.pack is not None:
-                self._dead[previous.pack] = self._dead.get(previous.pack, 0) + _RECORD.size + previous.length
+                self._dead[previous.pack] = self._dead.get(previous.pack, 0) + RECORD.size + previous.length
             if kind != _DELETED:
                 self._committed[digest] = location
                 if kind == _DELTA:
@@ -334,7 +326,7 @@ class ContentStore:
             return False
 
     def _unpack(self, location: _Location, body: bytes) -> bytes:
-        if location.kind == _ZLIB:
+        if location.kind == ZLIB:
             return zlib.decompress(body)
         if location.kind == _DELTA:
             decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
@@ -429,16 +421,16 @@ class ContentStore:
         hasher = hashlib.sha256()
         with f:
             kind = f.read(1)
-            if kind == _ZLIB:
+            if kind == ZLIB:
                 data = zlib.decompress(f.read())
                 hasher.update(data)
                 chunks: Iterator[bytes] = iter((data,))
-            elif kind == _RAW:
+            elif kind == RAW:
                 chunks = iter(lambda: f.read(_CHUNK), b"")
             else:
                 raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} has no header", digest=digest)
             for chunk in chunks:
-                if kind == _RAW:
+                if kind == RAW:
                     hasher.update(chunk)
                 yield chunk
         if hasher.hexdigest() != digest:
@@ -456,7 +448,7 @@ class ContentStore:
             # Recorded so that a reopened store does not index it again.
             self._writable_pack().append(digest, _DELETED, b"")
             pack = location.pack
-            self._dead[pack] = self._dead.get(pack, 0) + _RECORD.size + location.length
+            self._dead[pack] = self._dead.get(pack, 0) + RECORD.size + location.length
             if pack is not self._active and self._dead[pack] * 2 > pack.size:
                 self._compact(pack)
 
@@ -467,10 +459,10 @@ class ContentStore:
             location = self._committed.get(dependent)
             if location is None or location.kind != _DELTA or location.base != base:
                 continue
-            kind, body = _pack_body(self.read_bytes(dependent))
+            kind, body = pack_body(self.read_bytes(dependent))
             new = self._writable_pack().append(dependent, kind, body)
             rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
-            self._dead[location.pack] = self._dead.get(location.pack, 0) + _RECORD.size + location.length
+            self._dead[location.pack] = self._dead.get(location.pack, 0) + RECORD.size + location.length
             self._committed[dependent] = new
         for pack, end in rewritten.items():
             pack.sync_to(end)
@@ -510,7 +502,7 @@ class ContentStore:
         if location is None:
             return None
         if location.pack is not None:
-            return _RECORD.size + location.length
+            return RECORD.size + location.length
         try:
             return self.path_of(digest).stat().st_size
         except FileNotFoundError:
@@ -558,17 +550,25 @@ class Batch:
 
     def _publish(self, digest: str, location: _Location) -> bool:
         """Records a written object; False when another thread of this batch was first."""
+        return bool(self._publish_all([(digest, location)]))
+
+    def _publish_all(self, written: list[tuple[str, _Location]]) -> list[tuple[str, _Location]]:
+        """Records written objects; returns those no other thread of this batch was first with."""
+        published = []
         with self._lock:
-            if digest in self._pending:
-                return False
-            self._pending[digest] = location
-            if location.pack is not None:
-                end = location.offset + location.length
-                if self._pack_ends.get(location.pack, 0) < end:
-                    self._pack_ends[location.pack] = end
+            for digest, location in written:
+                if digest in self._pending:
+                    continue
+                self._pending[digest] = location
+                published.append((digest, location))
+                if location.pack is not None:
+                    end = location.offset + location.length
+                    if self._pack_ends.get(location.pack, 0) < end:
+                        self._pack_ends[location.pack] = end
         with self.store._staged_lock:
-            self.store._staged.setdefault(digest, location)
-        return True
+            for digest, location in published:
+                self.store._staged.setdefault(digest, location)
+        return published
 
     def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
         """Stores ``data``; ``similar`` names a stored object like it (its previous version),
@@ -576,12 +576,12 @@ class Batch:
         digest = digest_bytes(data)
         if self._known(digest):
             return digest
-        if len(data) > _COMPRESS_LIMIT:
+        if len(data) > COMPRESS_LIMIT:
             self._put_loose(digest, (data,))
             return digest
         if similar and len(data) <= _DELTA_LIMIT and self._put_delta(digest, data, similar, similar_data):
             return digest
-        kind, body = _pack_body(data)
+        kind, body = pack_body(data)
         self._publish(digest, self.store._writable_pack().append(digest, kind, body))
         return digest
 
@@ -589,30 +589,14 @@ class Batch:
         """Stores objects already encoded as whole pack records, ``(digest, record)`` with
         kind raw or zlib (made by a reader process, see ``readworker``); those already stored
         or written by this batch are skipped. One write for all of them."""
-        pending, committed = self._pending, self.store._committed
         fresh: dict[str, bytes] = {}
         for digest, record in records:
-            if digest not in fresh and digest not in pending and digest not in committed:
+            if digest not in fresh and not self._known(digest):
                 fresh[digest] = record
         if not fresh:
             return
         locations = self.store._writable_pack().append_records(list(fresh.values()))
-        published = []
-        with self._lock:
-            for digest, location in zip(fresh, locations, strict=True):
-                if digest in pending:
-                    continue
-                pending[digest] = location
-                published.append((digest, location))
-            if published:
-                pack = locations[-1].pack
-                end = locations[-1].offset + locations[-1].length
-                if self._pack_ends.get(pack, 0) < end:
-                    self._pack_ends[pack] = end
-        with self.store._staged_lock:
-            staged = self.store._staged
-            for digest, location in published:
-                staged.setdefault(digest, location)
+        self._publish_all(list(zip(fresh, locations, strict=True)))
 
     def _put_delta(self, digest: str, data: bytes, base: str, base_data: bytes | None) -> bool:
         location = self.store._committed.get(base)
@@ -644,7 +628,7 @@ class Batch:
         fd, staged = self._stage()
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(_RAW)
+                out.write(RAW)
                 for chunk in chunks:
                     out.write(chunk)
         except OSError as exc:
@@ -656,7 +640,7 @@ class Batch:
     def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
         """Stores the content readable from ``src_fd``; returns (digest, size read). See
         ``put_bytes`` for ``similar``."""
-        if expected_size <= _COMPRESS_LIMIT:
+        if expected_size <= COMPRESS_LIMIT:
             data = _read_all(src_fd, expected_size)
             return self.put_bytes(data, similar), len(data)
         hasher = hashlib.sha256()
@@ -664,7 +648,7 @@ class Batch:
         fd, staged = self._stage()
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(_RAW)
+                out.write(RAW)
                 while chunk := os.read(src_fd, _CHUNK):
                     hasher.update(chunk)
                     out.write(chunk)
@@ -760,7 +744,7 @@ class Batch:
     def _count_dead(self, location: _Location | None) -> None:
         if location is not None and location.pack is not None:
             dead = self.store._dead
-            dead[location.pack] = dead.get(location.pack, 0) + _RECORD.size + location.length
+            dead[location.pack] = dead.get(location.pack, 0) + RECORD.size + location.length
 
     def _finish(self, committed: bool) -> None:
         callbacks, self._finished = self._finished, []
