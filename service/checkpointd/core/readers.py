@@ -266,7 +266,7 @@ class Readers:
         a future of their results, in order (None, ``TooLarge``, or (entry, ``Opened``)); get
         it with ``result``. None when no reader runs (``done`` is not called then)."""
         while True:
-            while self._complete_one(block=False):
+            while self._complete_one():
                 pass
             with self.changed:
                 alive = [reader for reader in self._readers if reader.alive]
@@ -286,13 +286,13 @@ class Readers:
     def result(self, future: Future) -> list:
         """The results of a task, completing answers (any scan's) while waiting for it."""
         while not future.done():
-            if not self._complete_one(block=False):
+            if not self._complete_one():
                 with self.changed:
                     if not self.answered and not future.done():
                         self.changed.wait(1.0)
         return future.result()
 
-    def _complete_one(self, block: bool) -> bool:
+    def _complete_one(self) -> bool:
         with self.changed:
             if not self.answered:
                 return False
