@@ -121,6 +121,12 @@ def _record_values(record: CheckpointRecord) -> dict[str, object]:
     return {name: getattr(record, name) for name in record.__slots__}
 
 
+def _operation(request_id: str, method: str, fingerprint: str, result: dict[str, object]) -> dict[str, object]:
+    """The row that records a request_id (AIP-155) and what a replay of it returns."""
+    return {"request_id": request_id, "method": method, "fingerprint": fingerprint, "result": result,
+            "create_time": utcnow()}
+
+
 @dataclass(slots=True)
 class _NewCheckpoint:
     record: CheckpointRecord
@@ -254,9 +260,8 @@ class Checkpoints:
         """
         if not request_id:
             return None
-        session.add(OperationRow(request_id=request_id, method=method, fingerprint=fingerprint, result=result))
         try:
-            session.flush()
+            session.connection().execute(_INSERT_OPERATION, _operation(request_id, method, fingerprint, result))
         except IntegrityError:
             session.rollback()
             winner = self._replayed(session, request_id, method, fingerprint)
@@ -266,7 +271,7 @@ class Checkpoints:
         return None
 
     @staticmethod
-    def _write_checkpoints(connection: Connection, new: list[_NewCheckpoint]) -> list[None]:
+    def _write_checkpoints(connection: Connection, new: list[_NewCheckpoint]) -> None:
         """Numbers and inserts new checkpoints of distinct plans (callers hold their plans' locks).
 
         Incrementing the plans' counters locks their rows (PostgreSQL) or the database (SQLite)
@@ -278,7 +283,6 @@ class Checkpoints:
         operations = [n.operation for n in new if n.operation is not None]
         if operations:
             connection.execute(_INSERT_OPERATION, operations)
-        return [None] * len(new)
 
     def _known_plan(self, plan_id: str, raw_root: str) -> KnownPlan:
         """The plan (created on first use, its workspace root recorded on first mention).
@@ -390,10 +394,10 @@ class Checkpoints:
             row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
                                 phase=phase.value, trigger=trigger.value, source_tool=req.source_tool,
                                 description=req.description, labels=labels)
-            operation = {"request_id": request_id, "method": "CreateCheckpoint", "fingerprint": fingerprint,
-                         "result": {"checkpoint_id": row.checkpoint_id}, "create_time": row.create_time}
+            operation = (_operation(request_id, "CreateCheckpoint", fingerprint, {"checkpoint_id": row.checkpoint_id})
+                         if request_id else None)
             try:
-                self._new_checkpoints.submit(_NewCheckpoint(row, operation if request_id else None))
+                self._new_checkpoints.submit(_NewCheckpoint(row, operation))
             except IntegrityError:
                 if not request_id:
                     raise

@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -30,7 +30,6 @@ from checkpointd.core import models  # noqa: F401 - registers the tables
 
 log = logging.getLogger("checkpointd.db")
 U = TypeVar("U")
-R = TypeVar("R")
 
 #: Alembic's bookkeeping table, named so that it cannot clash with another application's.
 SCHEMA_VERSION_TABLE = "checkpointd_schema_version"
@@ -224,7 +223,7 @@ class Database:
         with self._writer_turn, self.engine.begin() as connection:
             yield connection
 
-    def group_commit(self, write: Callable[[Connection, list[U]], list[R]]) -> GroupCommit[U, R]:
+    def group_commit(self, write: Callable[[Connection, list[U]], None]) -> GroupCommit[U]:
         """A queue whose items are written by ``write`` in transactions shared by concurrent callers."""
         return GroupCommit(self.transaction, write)
 
@@ -240,37 +239,37 @@ class Database:
 
 
 class _Unit(Generic[U]):
-    __slots__ = ("item", "finished", "value", "error")
+    __slots__ = ("item", "finished", "error")
 
     def __init__(self, item: U) -> None:
         self.item = item
         self.finished = False
-        self.value: Any = None
         self.error: BaseException | None = None
 
 
-class GroupCommit(Generic[U, R]):
+class GroupCommit(Generic[U]):
     """Group commit: items submitted by concurrent callers are written together, in one
     transaction, so one commit (one log fsync) and one statement per table serve every item
     waiting at that moment.
 
     No thread of its own: the first caller to find no group running leads one with every item
-    queued so far, its own included; the others wait for their result or for their turn to lead.
-    A caller alone pays nothing extra. ``write(connection, items)`` writes a group and returns
-    one result per item. If a group's transaction fails, each of its items is written again
-    alone, so one item's error (a request_id another replica took first) fails only that item;
-    ``write`` must therefore not change anything outside the database.
+    queued so far, its own included; the others wait for theirs to be written or for their turn
+    to lead. A caller alone pays nothing extra. ``write(connection, items)`` writes a group. If a
+    group's transaction fails, each of its items is written again alone, so one item's error (a
+    request_id another replica took first) fails only that item; ``write`` must therefore not
+    change anything outside the database that a second run would not set again.
     """
 
     def __init__(self, transaction: Callable[[], contextlib.AbstractContextManager[Connection]],
-                 write: Callable[[Connection, list[U]], list[R]]) -> None:
+                 write: Callable[[Connection, list[U]], None]) -> None:
         self._transaction = transaction
         self._write = write
         self._queue: list[_Unit[U]] = []
         self._leading = False
         self._turn = threading.Condition()
 
-    def submit(self, item: U) -> R:
+    def submit(self, item: U) -> None:
+        """Returns once ``item`` is committed; raises what writing it raised."""
         unit = _Unit(item)
         with self._turn:
             self._queue.append(unit)
@@ -288,12 +287,11 @@ class GroupCommit(Generic[U, R]):
                     self._turn.notify_all()
         if unit.error is not None:
             raise unit.error
-        return unit.value
 
     def _apply(self, group: list[_Unit[U]]) -> None:
         try:
             with self._transaction() as connection:
-                values = self._write(connection, [unit.item for unit in group])
+                self._write(connection, [unit.item for unit in group])
         except BaseException as exc:
             if len(group) == 1 or not isinstance(exc, Exception):
                 for unit in group:
@@ -302,8 +300,8 @@ class GroupCommit(Generic[U, R]):
             for unit in group:
                 self._apply([unit])
             return
-        for unit, value in zip(group, values, strict=True):
-            unit.value, unit.finished = value, True
+        for unit in group:
+            unit.finished = True
 
 
 class AdvisoryLock:
