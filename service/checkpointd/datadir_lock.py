@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 from pathlib import Path
+from typing import Self
 
 log = logging.getLogger("checkpointd")
 LOCK_NAME = "checkpointd.lock"
@@ -23,15 +24,18 @@ class DataDirBusy(RuntimeError):
     """Another process holds the data directory in a conflicting mode."""
 
 
-class DataDirLock:
-    protection = "cross-process GC protection"
+class _FileLock:
+    """A non-blocking flock on one file; refused at once with DataDirBusy when taken."""
 
-    def __init__(self, data_dir: Path, exclusive: bool) -> None:
-        self.path = data_dir / LOCK_NAME
+    #: What is unprotected when the file system cannot lock at all (logged, not fatal).
+    protection = ""
+
+    def __init__(self, path: Path, exclusive: bool) -> None:
+        self.path = path
         self.exclusive = exclusive
         self._fd: int | None = None
 
-    def acquire(self) -> DataDirLock:
+    def acquire(self) -> Self:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
@@ -44,10 +48,7 @@ class DataDirLock:
         return self
 
     def _busy_message(self) -> str:
-        if self.exclusive:
-            return (f"{self.path.parent} is in use by another checkpointd process; garbage collection needs it "
-                    "alone (stop the other process, or run GC inside the one server with --gc-interval)")
-        return f"{self.path.parent} is locked by a garbage collection (checkpointd gc or a server with --gc-interval)"
+        raise NotImplementedError
 
     def release(self) -> None:
         if self._fd is not None:
@@ -56,14 +57,27 @@ class DataDirLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> DataDirLock:
+    def __enter__(self) -> Self:
         return self.acquire()
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
 
 
-class ServingLock(DataDirLock):
+class DataDirLock(_FileLock):
+    protection = "cross-process GC protection"
+
+    def __init__(self, data_dir: Path, exclusive: bool) -> None:
+        super().__init__(data_dir / LOCK_NAME, exclusive)
+
+    def _busy_message(self) -> str:
+        if self.exclusive:
+            return (f"{self.path.parent} is in use by another checkpointd process; garbage collection needs it "
+                    "alone (stop the other process, or run GC inside the one server with --gc-interval)")
+        return f"{self.path.parent} is locked by a garbage collection (checkpointd gc or a server with --gc-interval)"
+
+
+class ServingLock(_FileLock):
     """One server per SQLite database, held for as long as it serves: what it keeps in memory
     (resolved config, known plans, the content store's index) assumes that no other server
     writes the database. Offline commands do not take it."""
@@ -71,9 +85,7 @@ class ServingLock(DataDirLock):
     protection = "the one-server-per-database check"
 
     def __init__(self, database: Path) -> None:
-        self.path = database.with_name(database.name + ".serving.lock")
-        self.exclusive = True
-        self._fd = None
+        super().__init__(database.with_name(database.name + ".serving.lock"), exclusive=True)
         self.database = database
 
     def _busy_message(self) -> str:
