@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from checkpointd.core.db import Database
+from checkpointd.core.db import CoreRows, Database
+from checkpointd.core.models import CheckpointRow, PlanRow
 
 _metadata = MetaData()
 _ITEMS = Table("group_commit_items", _metadata, Column("key", String, primary_key=True), Column("group_size", Integer))
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """SQLite writes groups on a dedicated driver connection, PostgreSQL through Core: both run."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'group.sqlite'}"
+        return
+    postgres = request.getfixturevalue("postgres")
+    url = postgres.create()
+    yield url
+    postgres.drop(url)
+
+
 @pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'group.sqlite'}")
+def db(db_url):
+    database = Database(db_url)
     _metadata.create_all(database.engine)
     yield database
     database.dispose()
@@ -52,20 +66,20 @@ def _held_first_group(db: Database, write, expected_waiting: int):
     released = threading.Event()
     queue = None
 
-    def held(connection, keys):
+    def held(rows, keys):
         if not released.is_set():
             deadline = time.monotonic() + 10
             while len(queue._queue) < expected_waiting and time.monotonic() < deadline:
                 time.sleep(0.005)
             released.set()
-        return write(connection, keys)
+        return write(rows, keys)
 
     queue = db.group_commit(held)
     return queue
 
 
-def _insert_all(connection, keys: list[str]) -> None:
-    connection.execute(insert(_ITEMS), [{"key": key, "group_size": len(keys)} for key in keys])
+def _insert_all(rows, keys: list[str]) -> None:
+    rows.insert(_ITEMS, [{"key": key, "group_size": len(keys)} for key in keys])
 
 
 def test_items_queued_while_a_group_is_written_share_the_next_transaction(db):
@@ -83,7 +97,7 @@ def test_items_queued_while_a_group_is_written_share_the_next_transaction(db):
 
 
 def test_a_failing_item_fails_alone_and_the_rest_of_its_group_is_written(db):
-    with db.transaction() as connection:
+    with db.engine.begin() as connection:
         connection.execute(insert(_ITEMS), {"key": "taken", "group_size": 0})
     queue = _held_first_group(db, _insert_all, expected_waiting=4)
     first = threading.Thread(target=queue.submit, args=("leader",))
@@ -105,3 +119,41 @@ def test_a_caller_alone_is_written_at_once_and_sees_its_own_error(db):
     with pytest.raises(IntegrityError):
         queue.submit("solo")
     assert _stored(db) == {"solo": 1}
+
+
+def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
+    """On SQLite the group writer bypasses the ORM layer: its rows must read back byte for byte
+    like rows Core wrote (dates, JSON, NULLs), and it numbers checkpoints like Core does."""
+    database = Database(db_url)
+    database.migrate()
+    try:
+        plans, checkpoints = PlanRow.__table__, CheckpointRow.__table__
+        with database.engine.begin() as connection:
+            connection.execute(insert(plans), [{"plan_id": "p1", "workspace_root": "/w", "last_sequence": 0,
+                                                 "create_time": datetime.now(UTC)}])
+
+        def record(checkpoint_id: str) -> dict[str, object]:
+            return {"checkpoint_id": checkpoint_id, "plan_id": "p1", "sequence": 0, "phase": "execute",
+                    "trigger": "manual", "source_tool": "tool \u00e9", "description": "",
+                    "labels": {"k": "v\u00e9"}, "create_time": datetime(2026, 11, 30, 5, 6, 7, 123456, tzinfo=UTC),
+                    "workspace_root": "/w", "tree_digest": "ab" * 32, "file_count": 3, "total_size_bytes": 2**40,
+                    "state_digest": None, "state_size_bytes": 0, "skipped": [["a/b", "UNREADABLE", "x"]],
+                    "ignore_patterns": ["*.log"], "excluded_paths": [], "rollback_target_checkpoint_id": None}
+
+        def write(rows, items):
+            numbers = rows.increment(plans.c.last_sequence, plans.c.plan_id, ["p1"])
+            rows.insert(checkpoints, [{**item, "sequence": numbers["p1"]} for item in items])
+
+        with database.engine.begin() as connection:
+            write(CoreRows(connection), [record("by-core")])
+        database.group_commit(write).submit(record("by-group"))
+
+        columns = [column.name for column in checkpoints.columns if column.name != "checkpoint_id"]
+        with database.engine.connect() as connection:
+            stored = {row[0]: row[1:] for row in connection.exec_driver_sql(
+                f"SELECT checkpoint_id, {', '.join(columns)} FROM checkpoints")}
+        by_core, by_group = dict(zip(columns, stored["by-core"])), dict(zip(columns, stored["by-group"]))
+        assert (by_core.pop("sequence"), by_group.pop("sequence")) == (1, 2)
+        assert by_group == by_core
+    finally:
+        database.dispose()

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
-from sqlalchemy import Connection, bindparam, func, insert, update
+from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 from ulid import ULID
@@ -27,7 +27,7 @@ from ulid import ULID
 from checkpointd.core import filtering, validation
 from checkpointd.core.capture import Capturer
 from checkpointd.core.config import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
-from checkpointd.core.db import Database
+from checkpointd.core.db import CoreRows, Database, RowWriter
 from checkpointd.core.errors import (
     CheckpointdError,
     DataLoss,
@@ -104,12 +104,6 @@ class KnownPlan:
 _PLANS = PlanRow.__table__
 _CHECKPOINTS = CheckpointRow.__table__
 _OPERATIONS = OperationRow.__table__
-#: Statements of the create path, built once (building one costs more than running it).
-_NEXT_SEQUENCES = (update(_PLANS).where(_PLANS.c.plan_id.in_(bindparam("plans", expanding=True)))
-                   .values(last_sequence=_PLANS.c.last_sequence + 1)
-                   .returning(_PLANS.c.plan_id, _PLANS.c.last_sequence))
-_INSERT_CHECKPOINT = insert(_CHECKPOINTS)
-_INSERT_OPERATION = insert(_OPERATIONS)
 
 
 #: A checkpoint as the create and rollback paths write it: the ``checkpoints`` table's columns,
@@ -261,7 +255,7 @@ class Checkpoints:
         if not request_id:
             return None
         try:
-            session.connection().execute(_INSERT_OPERATION, _operation(request_id, method, fingerprint, result))
+            CoreRows(session.connection()).insert(_OPERATIONS, [_operation(request_id, method, fingerprint, result)])
         except IntegrityError:
             session.rollback()
             winner = self._replayed(session, request_id, method, fingerprint)
@@ -271,18 +265,18 @@ class Checkpoints:
         return None
 
     @staticmethod
-    def _write_checkpoints(connection: Connection, new: list[_NewCheckpoint]) -> None:
+    def _write_checkpoints(rows: RowWriter, new: list[_NewCheckpoint]) -> None:
         """Numbers and inserts new checkpoints of distinct plans (callers hold their plans' locks).
 
         Incrementing the plans' counters locks their rows (PostgreSQL) or the database (SQLite)
         until the transaction ends, so a number is never handed out twice."""
-        numbers = dict(connection.execute(_NEXT_SEQUENCES, {"plans": [n.record.plan_id for n in new]}).all())
+        numbers = rows.increment(_PLANS.c.last_sequence, _PLANS.c.plan_id, [n.record.plan_id for n in new])
         for item in new:
             item.record.sequence = numbers[item.record.plan_id]
-        connection.execute(_INSERT_CHECKPOINT, [_record_values(n.record) for n in new])
+        rows.insert(_CHECKPOINTS, [_record_values(n.record) for n in new])
         operations = [n.operation for n in new if n.operation is not None]
         if operations:
-            connection.execute(_INSERT_OPERATION, operations)
+            rows.insert(_OPERATIONS, operations)
 
     def _known_plan(self, plan_id: str, raw_root: str) -> KnownPlan:
         """The plan (created on first use, its workspace root recorded on first mention).
@@ -557,7 +551,7 @@ class Checkpoints:
                                    source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
                                    labels={"rollback_target": checkpoint_id},
                                    rollback_target_checkpoint_id=checkpoint_id)
-            self._write_checkpoints(session.connection(), [_NewCheckpoint(safety)])
+            self._write_checkpoints(CoreRows(session.connection()), [_NewCheckpoint(safety)])
             winner = self._record_operation(session, request_id, "Rollback", fingerprint,
                                             {"safety_checkpoint_id": safety.checkpoint_id,
                                              "changes": [_change_json(c) for c in changes]})
@@ -676,7 +670,7 @@ class Checkpoints:
                                                    f"{entry.target_checkpoint_id}",
                                        labels={"rollback_target": goal.checkpoint_id},
                                        rollback_target_checkpoint_id=goal.checkpoint_id)
-                self._write_checkpoints(session.connection(), [_NewCheckpoint(safety)])
+                self._write_checkpoints(CoreRows(session.connection()), [_NewCheckpoint(safety)])
                 session.commit()
             if changes:
                 self.restorer.apply(workspace, changes)

@@ -12,16 +12,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, event, inspect, text
+from sqlalchemy import Column, Connection, Engine, Table, bindparam, event, insert, inspect, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlmodel import Session, create_engine
@@ -100,6 +101,7 @@ class Database:
         self.dialect = make_url(self.url).get_backend_name()
         self._locks_engine: Engine | None = None
         self._writer_turn = threading.Lock() if self.dialect == SQLITE else contextlib.nullcontext()
+        self._sqlite_writer: SqliteRows | None = None
         # An operation holds one connection for its session and briefly takes a second (a config
         # read, a store commit): the pool must exceed the RPC threads, or they can all hold one
         # and wait for another.
@@ -214,18 +216,28 @@ class Database:
             yield session
 
     @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """A short write transaction on a Core connection, committed on exit.
+    def _row_transaction(self) -> Iterator[RowWriter]:
+        """A short write transaction for ``group_commit``, committed on exit.
 
-        On SQLite this process's writers take turns on a lock first: SQLite admits one writer
-        at a time and makes the others poll with sleeps of milliseconds, which would cap
-        concurrent checkpoints at a few hundred per second."""
-        with self._writer_turn, self.engine.begin() as connection:
-            yield connection
+        On SQLite this process's writers take turns on a lock first (SQLite admits one writer at
+        a time and makes the others poll with sleeps of milliseconds, which would cap concurrent
+        checkpoints at a few hundred per second), then write on one dedicated connection with
+        precompiled statements: the pool checkout and statement execution of the ORM layer cost
+        more than the write itself. PostgreSQL, shared by replicas, writes through Core."""
+        if not self.is_sqlite:
+            with self.engine.begin() as connection:
+                yield CoreRows(connection)
+            return
+        with self._writer_turn:
+            writer = self._sqlite_writer
+            if writer is None or writer.closed:
+                writer = self._sqlite_writer = SqliteRows(self.engine)
+            with writer.transaction():
+                yield writer
 
-    def group_commit(self, write: Callable[[Connection, list[U]], None]) -> GroupCommit[U]:
+    def group_commit(self, write: Callable[[RowWriter, list[U]], None]) -> GroupCommit[U]:
         """A queue whose items are written by ``write`` in transactions shared by concurrent callers."""
-        return GroupCommit(self.transaction, write)
+        return GroupCommit(self._row_transaction, write)
 
     def advisory_lock(self, name: str, shared: bool = False) -> AdvisoryLock:
         """A lock every replica on this database sees (PostgreSQL); a no-op on SQLite, whose
@@ -233,9 +245,141 @@ class Database:
         return AdvisoryLock(self._locks_engine, lock_key(name), shared)
 
     def dispose(self) -> None:
+        with self._writer_turn:
+            if self._sqlite_writer is not None:
+                self._sqlite_writer.close()
+                self._sqlite_writer = None
         self.engine.dispose()
         if self._locks_engine is not None:
             self._locks_engine.dispose()
+
+
+class RowWriter(Protocol):
+    """The writes a group commit makes, on either database."""
+
+    def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
+        """Adds one to the integer ``counter`` in the rows whose ``key`` is in ``keys``; returns key -> new value."""
+
+    def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
+        """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
+
+
+class CoreRows:
+    """A RowWriter on a SQLAlchemy connection: any database, and inside ORM sessions."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
+        statement = _core_statement(
+            ("increment", counter.table.name, counter.name, key.name),
+            lambda: (update(counter.table).where(key.in_(bindparam("keys", expanding=True)))
+                     .values({counter.name: counter + 1}).returning(key, counter)))
+        return dict(self.connection.execute(statement, {"keys": keys}).all())
+
+    def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
+        self.connection.execute(_core_statement(("insert", table.name), lambda: insert(table)), rows)
+
+
+#: Core statements of CoreRows by what they do: building one costs more than running it.
+_CORE_STATEMENTS: dict[tuple[str, ...], object] = {}
+
+
+def _core_statement(key: tuple[str, ...], build: Callable[[], object]):
+    statement = _CORE_STATEMENTS.get(key)
+    if statement is None:
+        statement = _CORE_STATEMENTS[key] = build()
+    return statement
+
+
+class _Compiled:
+    """A statement rendered once for one dialect, with its parameters' order and converters."""
+
+    __slots__ = ("sql", "_names", "_constants", "_converters")
+
+    def __init__(self, statement, dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = compiled.string
+        self._names = tuple(compiled.positiontup)
+        self._constants = compiled.params
+        self._converters = tuple(compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+                                 for name in self._names)
+
+    def parameters(self, values: dict[str, object]) -> tuple[object, ...]:
+        constants = self._constants
+        out = []
+        for name, convert in zip(self._names, self._converters, strict=True):
+            value = values[name] if name in values else constants[name]
+            out.append(value if convert is None or value is None else convert(value))
+        return tuple(out)
+
+
+class SqliteRows:
+    """A RowWriter on one dedicated SQLite connection, taken out of the pool for good.
+
+    Statements are compiled from the same Core constructs as ``CoreRows`` uses (so column
+    types convert values the same way) and run on the driver's cursor. Driver errors come
+    out as SQLAlchemy's (an ``IntegrityError`` stays one). Callers serialize its use."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._dialect = engine.dialect
+        proxied = engine.raw_connection()
+        self._driver = proxied.driver_connection
+        proxied.detach()
+        # Autocommit mode: this connection's transactions are the explicit BEGIN IMMEDIATE below.
+        self._driver.isolation_level = None
+        self._cursor = self._driver.cursor()
+        self._compiled: dict[tuple[str, ...], _Compiled] = {}
+        self.closed = False
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self._run("BEGIN IMMEDIATE", ())
+        try:
+            yield
+            self._run("COMMIT", ())
+        except BaseException:
+            try:
+                if self._driver.in_transaction:
+                    self._driver.execute("ROLLBACK")
+            except sqlite3.Error:
+                # A connection that cannot roll back is not used again.
+                self.close()
+            raise
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(sqlite3.Error):
+            self._driver.close()
+
+    def _statement(self, key: tuple[str, ...], build: Callable[[], object]) -> _Compiled:
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = _Compiled(build(), self._dialect)
+        return compiled
+
+    def _run(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
+        try:
+            return self._cursor.execute(sql, parameters)
+        except sqlite3.Error as error:
+            raise DBAPIError.instance(sql, parameters, error, sqlite3.Error) from error
+
+    def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
+        compiled = self._statement(
+            ("increment", counter.table.name, counter.name, key.name),
+            lambda: (update(counter.table).where(key == bindparam("key"))
+                     .values({counter.name: counter + 1}).returning(counter)))
+        values = {}
+        for value in keys:
+            row = self._run(compiled.sql, compiled.parameters({"key": value})).fetchone()
+            if row is not None:
+                values[value] = row[0]
+        return values
+
+    def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
+        compiled = self._statement(("insert", table.name), lambda: insert(table))
+        for row in rows:
+            self._run(compiled.sql, compiled.parameters(row))
 
 
 class _Unit(Generic[U]):
@@ -254,14 +398,14 @@ class GroupCommit(Generic[U]):
 
     No thread of its own: the first caller to find no group running leads one with every item
     queued so far, its own included; the others wait for theirs to be written or for their turn
-    to lead. A caller alone pays nothing extra. ``write(connection, items)`` writes a group. If a
+    to lead. A caller alone pays nothing extra. ``write(rows, items)`` writes a group. If a
     group's transaction fails, each of its items is written again alone, so one item's error (a
     request_id another replica took first) fails only that item; ``write`` must therefore not
     change anything outside the database that a second run would not set again.
     """
 
-    def __init__(self, transaction: Callable[[], contextlib.AbstractContextManager[Connection]],
-                 write: Callable[[Connection, list[U]], None]) -> None:
+    def __init__(self, transaction: Callable[[], contextlib.AbstractContextManager[RowWriter]],
+                 write: Callable[[RowWriter, list[U]], None]) -> None:
         self._transaction = transaction
         self._write = write
         self._queue: list[_Unit[U]] = []
@@ -290,8 +434,8 @@ class GroupCommit(Generic[U]):
 
     def _apply(self, group: list[_Unit[U]]) -> None:
         try:
-            with self._transaction() as connection:
-                self._write(connection, [unit.item for unit in group])
+            with self._transaction() as rows:
+                self._write(rows, [unit.item for unit in group])
         except BaseException as exc:
             if len(group) == 1 or not isinstance(exc, Exception):
                 for unit in group:
