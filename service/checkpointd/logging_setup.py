@@ -44,11 +44,6 @@ def request_context(**values: str) -> Iterator[None]:
             var.reset(token)
 
 
-def set_checkpoint_id(checkpoint_id: str) -> None:
-    """Records the checkpoint a call produced (reset when the call's context ends)."""
-    checkpoint_id_var.set(checkpoint_id)
-
-
 class ContextFilter(logging.Filter):
     """Copies the current call's context fields onto each record (explicit extras win)."""
 

@@ -152,7 +152,8 @@ def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
         with database.engine.connect() as connection:
             stored = {row[0]: row[1:] for row in connection.exec_driver_sql(
                 f"SELECT checkpoint_id, {', '.join(columns)} FROM checkpoints")}
-        by_core, by_group = dict(zip(columns, stored["by-core"])), dict(zip(columns, stored["by-group"]))
+        by_core = dict(zip(columns, stored["by-core"], strict=True))
+        by_group = dict(zip(columns, stored["by-group"], strict=True))
         assert (by_core.pop("sequence"), by_group.pop("sequence")) == (1, 2)
         assert by_group == by_core
     finally:

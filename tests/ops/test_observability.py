@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import grpc
 import pytest
@@ -92,7 +93,13 @@ def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):
         _, call = stub.GetCheckpoint.with_call(pb.GetCheckpointRequest(checkpoint_id=created.checkpoint_id),
                                                timeout=10, metadata=(("x-request-id", "trace-42"),))
         assert dict(call.trailing_metadata())["x-request-id"] == "trace-42"
-    records = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    # Access lines are written once each reply has gone: wait for the GetCheckpoint one.
+    deadline = time.monotonic() + 10
+    while True:
+        records = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+        if any(r.get("method", "").endswith("/GetCheckpoint") for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert records, server.log()
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
     create = [r for r in records if r.get("method") == "/checkpoint.v1.CheckpointService/CreateCheckpoint"]

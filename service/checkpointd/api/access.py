@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import grpc
 
 from checkpointd.core import validation
-from checkpointd.logging_setup import request_context, set_checkpoint_id
+from checkpointd.logging_setup import request_context
 
 log = logging.getLogger("checkpointd.access")
 REQUEST_ID_HEADER = "x-request-id"
@@ -59,17 +59,26 @@ class AccessInterceptor(grpc.ServerInterceptor):
         self.recorder = recorder
         self.quiet_services = quiet_services
 
-    def _finish(self, method: str, code: grpc.StatusCode, started: float, response: Any) -> None:
+    def _finish(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, started: float,
+                response: Any, fields: dict[str, str]) -> None:
+        """Records the call now; writes its access line once the reply has gone (gRPC runs the
+        call's callbacks after sending its status), so the caller never waits for the log."""
         seconds = time.monotonic() - started
         if self.recorder is not None:
             self.recorder.record_rpc(method, code, seconds, response)
         quiet = method.lstrip("/").partition("/")[0] in self.quiet_services and code is grpc.StatusCode.OK
-        extra = {"method": method, "code": code.name, "duration_ms": round(seconds * 1000, 3)}
+        # The context variables are not set where the callback runs: the fields travel as extras.
+        extra = {**fields, "method": method, "code": code.name, "duration_ms": round(seconds * 1000, 3)}
         safety = _checkpoint_in(response, "safety_checkpoint")
         if safety:
             extra["safety_checkpoint_id"] = safety
-        log.log(logging.DEBUG if quiet else logging.INFO, "%s %s %.1fms", method, code.name, seconds * 1000,
-                extra=extra)
+
+        def write() -> None:
+            log.log(logging.DEBUG if quiet else logging.INFO, "%s %s %.1fms", method, code.name, seconds * 1000,
+                    extra=extra)
+
+        if not context.add_callback(write):
+            write()
 
     def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
@@ -99,12 +108,12 @@ class AccessInterceptor(grpc.ServerInterceptor):
                 try:
                     response = behaviour(request, context)
                 except BaseException:
-                    finish(method, outcome(context, True), started, None)
+                    finish(context, method, outcome(context, True), started, None, fields)
                     raise
                 created = _checkpoint_in(response, "checkpoint")
                 if created and not fields["checkpoint_id"]:
-                    set_checkpoint_id(created)
-                finish(method, outcome(context, False), started, response)
+                    fields = {**fields, "checkpoint_id": created}
+                finish(context, method, outcome(context, False), started, response, fields)
                 return response
 
         def run_stream(behaviour: Callable, request: Any, context: grpc.ServicerContext,
@@ -116,7 +125,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
                     yield from behaviour(request, context)
                     failed = False
                 finally:
-                    finish(method, outcome(context, failed), started, None)
+                    finish(context, method, outcome(context, failed), started, None, fields)
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
