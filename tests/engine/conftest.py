@@ -64,7 +64,7 @@ def engines(tmp_path: Path) -> Iterator[Engines]:
         pytest.fail("inotify_simple is not installed: the watcher cannot run (see pyproject dependencies)")
     store = ContentStore(tmp_path / "store")
     trees = Trees(store)
-    watcher = Watcher(tmp_path / "cookies")
+    watcher = Watcher()
     watched = Capturer(Snapshotter(store, trees, StatIndex(tmp_path / "index.sqlite")), trees, watcher)
     full = Capturer(Snapshotter(store, trees, StatIndex()), trees, None)
     root = tmp_path / "ws"

@@ -148,7 +148,7 @@ class Capturer:
         base = state.base
         reason = changes.full
         if not synced:
-            reason = "the watch sync cookie did not come back"
+            reason = "the file watcher could not be synced"
         elif base is None:
             reason = reason or "no previous capture"
         elif base.settings != settings:

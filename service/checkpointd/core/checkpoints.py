@@ -48,7 +48,7 @@ from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
 from checkpointd.core.tree import Change, Entry, EntryKind, Trees
 from checkpointd.core.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
-from checkpointd.core.watcher import Watcher, cookie_directory
+from checkpointd.core.watcher import Watcher
 from checkpointd.core.watcher import available as watcher_available
 from checkpointd.core.workspace import UnsafePath, Workspace, is_under, validate_relpath
 
@@ -170,7 +170,7 @@ class Checkpoints:
         self.snapshotter = Snapshotter(store, self.trees, StatIndex(engine_dir / "stat-index.sqlite"))
         self.watcher: Watcher | None = None
         if settings.watcher and watcher_available():
-            self.watcher = Watcher(cookie_directory(engine_dir / "watch-cookies"))
+            self.watcher = Watcher()
         elif settings.watcher:
             log.warning("file watching is unavailable here (needs Linux inotify and inotify_simple); "
                         "every capture scans its whole workspace")

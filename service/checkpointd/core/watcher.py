@@ -2,13 +2,15 @@
 
 One inotify instance serves every watched workspace; a reader thread drains it into a
 per-workspace set of dirty paths. A capture first makes sure every event up to "now" has
-been read (Watchman's sync cookie: it creates a uniquely named file in a watched
-directory of the server's own and waits for that event; inotify delivers one instance's
-events in order), then takes the dirty set and re-examines only those paths.
+been handled, then takes the dirty set and re-examines only those paths. Linux queues an
+inotify event inside the system call that causes it, so every change completed before the
+capture began already has its event in the queue: the capture drains the queue itself,
+under the reader's lock (see ``sync``). This is what Watchman's sync cookie establishes (a
+file created to wait for its event), without the file.
 
 The journal is a hint that must never be trusted for completeness: a queue overflow, a
-watch that cannot be added, the workspace root itself moving, a cookie that does not come
-back, all mark the journal "full", and the next capture scans the whole workspace. Known
+watch that cannot be added, the workspace root itself moving, a sync that cannot overtake
+the reader, all mark the journal "full", and the next capture scans the whole workspace. Known
 blind spots of inotify (writes through a shared mmap before the file is closed, changes
 made on another machine to a network file system) are the same as git's fsmonitor.
 """
@@ -20,12 +22,8 @@ import errno
 import logging
 import os
 import select
-import shutil
-import tempfile
 import threading
 import time
-import uuid
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,28 +62,6 @@ def available() -> bool:
     return INotify is not None and hasattr(os, "pread")
 
 
-def cookie_directory(fallback: Path) -> Path:
-    """A fresh directory for sync cookies, on a memory file system when there is one (a
-    cookie costs a file creation and removal per capture); ``fallback`` otherwise."""
-    for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
-        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
-            _remove_orphans(Path(candidate))
-            with contextlib.suppress(OSError):
-                return Path(tempfile.mkdtemp(prefix=f"{_COOKIE_PREFIX}{os.getpid()}-", dir=candidate))
-    return fallback
-
-
-_COOKIE_PREFIX = "checkpointd-cookies-"
-
-
-def _remove_orphans(parent: Path) -> None:
-    """Cookie directories of servers that are gone (killed before they could clean up)."""
-    for leftover in parent.glob(f"{_COOKIE_PREFIX}*-*"):
-        pid = leftover.name.removeprefix(_COOKIE_PREFIX).partition("-")[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
 def _default_watch_budget() -> int:
     """Half the per-user inotify watch limit (other programs of the same user need watches too)."""
     try:
@@ -118,15 +94,9 @@ class Changes:
 
 
 class Watcher:
-    def __init__(self, cookie_dir: Path, watch_budget: int | None = None,
-                 max_roots: int = MAX_WATCHED_ROOTS) -> None:
+    def __init__(self, watch_budget: int | None = None, max_roots: int = MAX_WATCHED_ROOTS) -> None:
         if not available():
             raise OSError(errno.ENOSYS, "inotify is not available")
-        self._cookie_dir = cookie_dir
-        cookie_dir.mkdir(parents=True, exist_ok=True)
-        for leftover in cookie_dir.iterdir():
-            with contextlib.suppress(OSError):
-                leftover.unlink()
         self._budget = watch_budget or _default_watch_budget()
         self._max_roots = max_roots
         self._inotify = INotify(nonblocking=True)
@@ -136,14 +106,10 @@ class Watcher:
         self._journals: dict[str, Journal] = {}
         self._by_wd: dict[int, dict[Journal, str]] = {}
         self._disabled_until: dict[str, float] = {}
-        self._cookies: dict[str, threading.Event] = {}
-        self._cookie_wd = self._inotify.add_watch(str(cookie_dir), in_flags.CREATE | in_flags.ONLYDIR)
         self.overflows = 0
         self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
         self._thread.start()
-        # The cookie directory may be on a shared memory file system: leave nothing behind.
-        self._cleanup = weakref.finalize(self, shutil.rmtree, cookie_dir, True)
 
     # -- the reader -----------------------------------------------------------------------
 
@@ -186,14 +152,6 @@ class Watcher:
                 self.overflows += 1
                 for journal in self._journals.values():
                     journal.full = "the event queue overflowed"
-                # Cookies may have been dropped: nobody waits for them, everyone scans fully.
-                for waiter in self._cookies.values():
-                    waiter.set()
-                continue
-            if wd == self._cookie_wd:
-                waiter = self._cookies.get(name)
-                if waiter is not None:
-                    waiter.set()
                 continue
             owners = self._by_wd.get(wd)
             if not owners:
@@ -323,43 +281,26 @@ class Watcher:
     # -- capturing ------------------------------------------------------------------------
 
     def sync(self, timeout: float = SYNC_TIMEOUT_SECONDS) -> bool:
-        """Returns once every event that happened before the call has been handled (or the
-        queue overflowed, which marks every journal full); False (after ``timeout``) when
-        that could not be established."""
-        name = uuid.uuid4().hex
-        arrived = threading.Event()
-        with self._lock:
-            self._cookies[name] = arrived
-        path = self._cookie_dir / name
+        """Returns once every event of a change completed before the call has been handled (or
+        the queue overflowed, which marks every journal full); False when the reader's lock could
+        not be had within ``timeout``, or the queue could not be read.
+
+        The events are in the queue already (inotify queues them within the system call that
+        causes them): reading it here, holding the reader's lock so that nothing it read is
+        still unhandled, is all it takes."""
+        if not self._reading.acquire(timeout=timeout):
+            return False
         try:
-            try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-            except FileNotFoundError:
-                self._restore_cookie_dir()
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-            # inotify queues an event within the system call that causes it, so the cookie's is
-            # already queued: read it here rather than wait for the reader thread to be scheduled.
-            with self._reading:
-                data = self._drain()
-                if data:
-                    with self._lock:
-                        self._handle(parse_events(data))
-            return arrived.wait(timeout)
+            data = self._drain()
+            if data:
+                with self._lock:
+                    self._handle(parse_events(data))
+            return True
         except OSError as exc:
             log.warning("watch sync failed: %s", exc)
             return False
         finally:
-            with self._lock:
-                self._cookies.pop(name, None)
-            with contextlib.suppress(OSError):
-                path.unlink()
-
-    def _restore_cookie_dir(self) -> None:
-        """Someone removed the cookie directory: make it and watch it again."""
-        log.warning("watch cookie directory %s disappeared; recreating it", self._cookie_dir)
-        self._cookie_dir.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            self._cookie_wd = self._inotify.add_watch(str(self._cookie_dir), in_flags.CREATE | in_flags.ONLYDIR)
+            self._reading.release()
 
     def take(self, journal: Journal) -> Changes:
         """Takes the journal's dirty paths (call after ``sync``); they are the capture's to
@@ -384,6 +325,11 @@ class Watcher:
         with self._lock:
             journal.full = reason
 
+    def stop_reader(self) -> None:
+        """Fault injection for tests: the reader thread ends; captures still see every event."""
+        os.write(self._stop_write, b"x")
+        self._thread.join(timeout=5)
+
     @contextlib.contextmanager
     def hold_events(self) -> Iterator[None]:
         """Fault injection for tests: events pile up in the kernel queue (until it overflows)
@@ -400,4 +346,3 @@ class Watcher:
         self._inotify.close()
         os.close(self._stop_read)
         os.close(self._stop_write)
-        self._cleanup()
