@@ -22,8 +22,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Connection, Engine, Table, bindparam, event, insert, inspect, text, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import Column, Connection, Engine, Executable, Table, bindparam, event, insert, inspect, text, update
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlmodel import Session, create_engine
 
@@ -271,24 +271,34 @@ class CoreRows:
         self.connection = connection
 
     def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
-        statement = _core_statement(
-            ("increment", counter.table.name, counter.name, key.name),
-            lambda: (update(counter.table).where(key.in_(bindparam("keys", expanding=True)))
-                     .values({counter.name: counter + 1}).returning(key, counter)))
-        return dict(self.connection.execute(statement, {"keys": keys}).all())
+        return dict(self.connection.execute(_increment_statement(counter, key, one_key=False), {"keys": keys}).all())
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
-        self.connection.execute(_core_statement(("insert", table.name), lambda: insert(table)), rows)
+        self.connection.execute(_insert_statement(table), rows)
 
 
-#: Core statements of CoreRows by what they do: building one costs more than running it.
-_CORE_STATEMENTS: dict[tuple[str, ...], object] = {}
+#: The writers' statements by what they do: building one costs more than running it.
+_STATEMENTS: dict[tuple[object, ...], Executable] = {}
 
 
-def _core_statement(key: tuple[str, ...], build: Callable[[], object]):
-    statement = _CORE_STATEMENTS.get(key)
+def _increment_statement(counter: Column, key: Column, *, one_key: bool) -> Executable:
+    """``counter = counter + 1`` in the row with ``:key`` (returning the new value), or in the
+    rows whose key is in ``:keys`` (returning key and value)."""
+    name = ("increment", counter.table.name, counter.name, key.name, one_key)
+    statement = _STATEMENTS.get(name)
     if statement is None:
-        statement = _CORE_STATEMENTS[key] = build()
+        where = key == bindparam("key") if one_key else key.in_(bindparam("keys", expanding=True))
+        returned = (counter,) if one_key else (key, counter)
+        statement = _STATEMENTS[name] = (update(counter.table).where(where)
+                                         .values({counter.name: counter + 1}).returning(*returned))
+    return statement
+
+
+def _insert_statement(table: Table) -> Executable:
+    name = ("insert", table.name)
+    statement = _STATEMENTS.get(name)
+    if statement is None:
+        statement = _STATEMENTS[name] = insert(table)
     return statement
 
 
@@ -297,7 +307,7 @@ class _Compiled:
 
     __slots__ = ("sql", "_names", "_constants", "_converters")
 
-    def __init__(self, statement, dialect) -> None:
+    def __init__(self, statement: Executable, dialect: Dialect) -> None:
         compiled = statement.compile(dialect=dialect)
         self.sql = compiled.string
         self._names = tuple(compiled.positiontup)
@@ -329,7 +339,7 @@ class SqliteRows:
         # Autocommit mode: this connection's transactions are the explicit BEGIN IMMEDIATE below.
         self._driver.isolation_level = None
         self._cursor = self._driver.cursor()
-        self._compiled: dict[tuple[str, ...], _Compiled] = {}
+        self._compiled: dict[Executable, _Compiled] = {}
         self.closed = False
 
     @contextmanager
@@ -352,10 +362,10 @@ class SqliteRows:
         with contextlib.suppress(sqlite3.Error):
             self._driver.close()
 
-    def _statement(self, key: tuple[str, ...], build: Callable[[], object]) -> _Compiled:
-        compiled = self._compiled.get(key)
+    def _compile(self, statement: Executable) -> _Compiled:
+        compiled = self._compiled.get(statement)
         if compiled is None:
-            compiled = self._compiled[key] = _Compiled(build(), self._dialect)
+            compiled = self._compiled[statement] = _Compiled(statement, self._dialect)
         return compiled
 
     def _run(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
@@ -365,10 +375,7 @@ class SqliteRows:
             raise DBAPIError.instance(sql, parameters, error, sqlite3.Error) from error
 
     def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
-        compiled = self._statement(
-            ("increment", counter.table.name, counter.name, key.name),
-            lambda: (update(counter.table).where(key == bindparam("key"))
-                     .values({counter.name: counter + 1}).returning(counter)))
+        compiled = self._compile(_increment_statement(counter, key, one_key=True))
         values = {}
         for value in keys:
             row = self._run(compiled.sql, compiled.parameters({"key": value})).fetchone()
@@ -377,7 +384,7 @@ class SqliteRows:
         return values
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
-        compiled = self._statement(("insert", table.name), lambda: insert(table))
+        compiled = self._compile(_insert_statement(table))
         for row in rows:
             self._run(compiled.sql, compiled.parameters(row))
 
