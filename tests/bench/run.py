@@ -363,6 +363,7 @@ class SizeBench:
             self.run.discard(self.git.git_dir)
         self.git = ShadowGit(self.workspace(GIT), self.run.stores / f"git-{self.label}-{repeat}")
         self.git.init()
+        os.sync()
         commit, tree, seconds = self.git.checkpoint("first")
         background = self.git.wait_for_background()
         self.last_tree[GIT] = tree
@@ -378,6 +379,7 @@ class SizeBench:
     def _first_checkpointd(self, timing: MetricResult, stall: MetricResult) -> None:
         server = self.run.fresh_server()
         self.plan_id = str(ULID())
+        os.sync()
         checkpoint, seconds = self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "first")
         background = server.wait_for_idle()
         self.last_tree[CHECKPOINTD] = checkpoint.tree_digest
