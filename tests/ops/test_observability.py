@@ -93,6 +93,10 @@ def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):
         _, call = stub.GetCheckpoint.with_call(pb.GetCheckpointRequest(checkpoint_id=created.checkpoint_id),
                                                timeout=10, metadata=(("x-request-id", "trace-42"),))
         assert dict(call.trailing_metadata())["x-request-id"] == "trace-42"
+        fresh = [dict(stub.GetCheckpoint.with_call(pb.GetCheckpointRequest(checkpoint_id=created.checkpoint_id),
+                                                   timeout=10)[1].trailing_metadata())["x-request-id"]
+                 for _ in range(2)]
+        assert all(re.fullmatch(r"[0-9a-f]{32}", value) for value in fresh) and fresh[0] != fresh[1], fresh
     # Access lines are written once each reply has gone: wait for the GetCheckpoint one.
     deadline = time.monotonic() + 10
     while True:
