@@ -367,3 +367,45 @@ def test_a_full_disk_while_readers_run_fails_the_scan_cleanly(tmp_path, referenc
     for _, entry in trees.flatten(result.tree):
         if entry.kind is EntryKind.FILE:
             reopened.read_bytes(entry.digest)
+
+
+def test_a_directory_larger_than_the_read_ahead_window_is_read_whole_and_leaks_no_descriptor(tmp_path):
+    """A task is opened and read ``READ_AHEAD`` files at a time: every kind of entry across
+    several windows comes out as an in-process scan has it, and no file stays open."""
+    root = tmp_path / "ws"
+    rng = __import__("random").Random(11)
+    for index in range(readworker.READ_AHEAD * 3 + 5):
+        name = root / "wide" / f"e{index:03d}"
+        match index % 7:
+            case 0:
+                os.makedirs(root / "wide", exist_ok=True)
+                os.symlink(f"e{index + 1:03d}", name)
+            case 1:
+                os.makedirs(root / "wide", exist_ok=True)
+                os.mkfifo(name)
+            case 2:
+                write(name, b"z" * 300_000)
+            case 3:
+                write(name / "inner.txt", f"inside {index}\n")
+            case 4:
+                write(name, b"")
+            case _:
+                write(name, rng.randbytes(rng.randint(1, 5000)))
+    store = ContentStore(tmp_path / "ref-store")
+    trees = Trees(store)
+    expected = scan(store, root, Snapshotter(store, trees, StatIndex(), reader_processes=0))
+    expected_contents = contents(store, trees, expected.tree)
+
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store, processes=1)
+    try:
+        result = scan(store, root, snapshotter)
+        pids = snapshotter.readers.pids()
+        assert pids, "the readers were not used"
+        open_files = [os.readlink(f"/proc/{pid}/fd/{fd}") for pid in pids for fd in os.listdir(f"/proc/{pid}/fd")]
+        assert not [path for path in open_files if str(root) in path], open_files
+    finally:
+        snapshotter.close()
+    assert (result.tree, result.file_count, result.total_size, result.skipped) == (
+        expected.tree, expected.file_count, expected.total_size, expected.skipped)
+    assert contents(store, Trees(store), result.tree) == expected_contents
