@@ -162,11 +162,8 @@ def parse_options(argv: list[str] | None) -> Options:
                         help="1k+10k files, 3 repeats, 1 first-checkpoint repeat, store at 1k files x 200 "
                              "checkpoints, 250 throughput calls per thread (explicit flags still win)")
     parser.add_argument("--sizes", help="comma-separated tracked file counts (default 1000,10000,100000)")
-    parser.add_argument("--repeat", type=int,
-                        help="samples per metric and size; the median is reported (default 11: single calls of a "
-                             "few ms vary by a third from one sample to the next on a shared VM)")
-    parser.add_argument("--first-repeat", type=int,
-                        help="samples of the first checkpoint (default 5; each costs git minutes at 100k)")
+    parser.add_argument("--repeat", type=int, help="samples per metric and size; the median is reported (default 5)")
+    parser.add_argument("--first-repeat", type=int, help="samples of the first checkpoint (default: --repeat)")
     parser.add_argument("--store-files", type=int, help="workspace size of the store-size run (default 10000)")
     parser.add_argument("--store-checkpoints", type=int,
                         help="one-file-change checkpoints in the store-size run (default 1000)")
@@ -205,9 +202,9 @@ def parse_options(argv: list[str] | None) -> Options:
         sizes = [int(size.replace("_", "")) for size in sizes_text.split(",") if size.strip()]
     except ValueError:
         parser.error(f"--sizes must be comma-separated integers, got {sizes_text!r}")
-    repeat = chosen(arguments.repeat, 3, 11)
+    repeat = chosen(arguments.repeat, 3, 5)
     options = Options(
-        sizes=sizes, repeat=repeat, first_repeat=chosen(arguments.first_repeat, 1, min(repeat, 5)),
+        sizes=sizes, repeat=repeat, first_repeat=chosen(arguments.first_repeat, 1, repeat),
         store_files=chosen(arguments.store_files, 1000, 10000),
         store_checkpoints=chosen(arguments.store_checkpoints, 200, 1000),
         throughput_threads=arguments.throughput_threads,
