@@ -320,7 +320,8 @@ class _Compiled:
         out = []
         for name, convert in zip(self._names, self._converters, strict=True):
             value = values[name] if name in values else constants[name]
-            out.append(value if convert is None or value is None else convert(value))
+            # Called for None too, as Core does (a JSON column turns it into 'null').
+            out.append(value if convert is None else convert(value))
         return tuple(out)
 
 

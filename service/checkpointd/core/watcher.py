@@ -122,10 +122,14 @@ class Watcher:
             if self._stop_read in ready:
                 return
             with self._reading:
-                data = self._drain()
-                if data:
-                    with self._lock:
-                        self._handle(parse_events(data))
+                self._read_queue()
+
+    def _read_queue(self) -> None:
+        """Reads and handles every event queued so far (the caller holds ``_reading``)."""
+        data = self._drain()
+        if data:
+            with self._lock:
+                self._handle(parse_events(data))
 
     def _drain(self) -> bytes:
         parts = []
@@ -291,10 +295,7 @@ class Watcher:
         if not self._reading.acquire(timeout=timeout):
             return False
         try:
-            data = self._drain()
-            if data:
-                with self._lock:
-                    self._handle(parse_events(data))
+            self._read_queue()
             return True
         except OSError as exc:
             log.warning("watch sync failed: %s", exc)
@@ -333,7 +334,7 @@ class Watcher:
     @contextlib.contextmanager
     def hold_events(self) -> Iterator[None]:
         """Fault injection for tests: events pile up in the kernel queue (until it overflows)
-        while this is held."""
+        while this is held; a capture's sync waits for it (up to its timeout)."""
         with self._reading:
             yield
 
