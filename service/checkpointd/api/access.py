@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from checkpointd.api.interceptors import MethodWrapper
 from checkpointd.core import validation
 from checkpointd.logging_setup import request_context
 
@@ -55,8 +56,9 @@ def _checkpoint_in(response: Any, name: str) -> str:
     return ""
 
 
-class AccessInterceptor(grpc.ServerInterceptor):
+class AccessInterceptor(MethodWrapper):
     def __init__(self, recorder: RpcRecorder | None, quiet_services: frozenset[str] = frozenset()) -> None:
+        super().__init__()
         self.recorder = recorder
         self.quiet_services = quiet_services
 
@@ -81,19 +83,14 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if not context.add_callback(write):
             write()
 
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
-        if handler is None:
-            return None
-        method = details.method
-        metadata = details.invocation_metadata
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         finish = self._finish
 
-        def context_of(request: Any) -> dict[str, str]:
+        def context_of(request: Any, context: grpc.ServicerContext) -> dict[str, str]:
             return {
                 "plan_id": _field(request, "plan_id"),
                 "checkpoint_id": _field(request, "checkpoint_id") or _field(request, "base_checkpoint_id"),
-                "request_id": _request_id(request, metadata),
+                "request_id": _request_id(request, context.invocation_metadata()),
             }
 
         def outcome(context: grpc.ServicerContext, failed: bool) -> grpc.StatusCode:
@@ -131,19 +128,19 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if handler.unary_unary is not None:
             inner = handler.unary_unary
             return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: run_unary(inner, request, context, context_of(request)),
+                lambda request, context: run_unary(inner, request, context, context_of(request, context)),
                 handler.request_deserializer, handler.response_serializer)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
             return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: run_stream(inner_us, request, context, context_of(request)),
+                lambda request, context: run_stream(inner_us, request, context, context_of(request, context)),
                 handler.request_deserializer, handler.response_serializer)
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
             return grpc.stream_unary_rpc_method_handler(
-                lambda requests, context: run_unary(inner_su, requests, context, context_of(None)),
+                lambda requests, context: run_unary(inner_su, requests, context, context_of(None, context)),
                 handler.request_deserializer, handler.response_serializer)
         inner_ss = handler.stream_stream
         return grpc.stream_stream_rpc_method_handler(
-            lambda requests, context: run_stream(inner_ss, requests, context, context_of(None)),
+            lambda requests, context: run_stream(inner_ss, requests, context, context_of(None, context)),
             handler.request_deserializer, handler.response_serializer)

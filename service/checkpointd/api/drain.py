@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import to_status
+from checkpointd.api.interceptors import MethodWrapper
 from checkpointd.core.errors import Reason, Unavailable
 
 
@@ -61,14 +62,14 @@ def _refuse(context: grpc.ServicerContext) -> None:
     context.abort_with_status(rpc_status.to_status(to_status(error)))
 
 
-class DrainInterceptor(grpc.ServerInterceptor):
+class DrainInterceptor(MethodWrapper):
     def __init__(self, drain: Drain, always_open: frozenset[str]) -> None:
+        super().__init__()
         self.drain = drain
         self.always_open = always_open
 
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
-        if handler is None or details.method.lstrip("/").partition("/")[0] in self.always_open:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if method.lstrip("/").partition("/")[0] in self.always_open:
             return handler
         drain = self.drain
         if handler.unary_unary is not None:
