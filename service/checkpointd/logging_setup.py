@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -79,6 +80,19 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+        self._second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        """As logging's own, with the date and time of day rendered once per second: an access line
+        is written for every call."""
+        if datefmt:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        cached, text = self._second
+        if cached != second:
+            text = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = (second, text)
+        return self.default_msec_format % (text, record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)

@@ -371,9 +371,10 @@ class Checkpoints:
         validation.max_length(req.state, validation.MAX_STATE_BYTES, "state")
         labels = validation.labels(req.labels)
         request_id = validation.request_id(req.request_id)
+        # Only a request_id is ever compared with what it was first used for (AIP-155).
         fingerprint = _fingerprint(plan=plan_id, trigger=trigger, phase=phase, tool=req.source_tool, labels=labels,
                                    description=req.description, state=hashlib.sha256(req.state).hexdigest(),
-                                   root=req.workspace_root)
+                                   root=req.workspace_root) if request_id else ""
         with self._plan_lock(plan_id), self.store.referencing():
             if request_id:
                 with self.db.session() as session:
