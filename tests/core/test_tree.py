@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import EMPTY_TREE, Entry, EntryKind, Trees
+from checkpointd.core import tree as tree_module
+from checkpointd.core.store import ContentStore, digest_bytes
+from checkpointd.core.tree import EMPTY_TREE, Entry, EntryKind, Trees, decode_node, encode_node
+
+_encode_node = encode_node
 
 
 @pytest.fixture
@@ -62,3 +65,37 @@ def test_apply_refuses_children_under_a_file(trees):
     base = build(trees, {"f": file("a" * 64)})
     with trees.store.batch() as batch, pytest.raises(ValueError):
         trees.apply(batch, base, {"f/child": file("b" * 64)})
+
+
+def test_node_encoding_and_digest_are_those_every_existing_store_holds():
+    """A different encoding would give every directory a new digest: nothing stored before it
+    would deduplicate against what is captured after it."""
+    node = {"b.txt": Entry(EntryKind.FILE, 0o100644, 12, "ab" * 32), "a": Entry(EntryKind.DIR, 0o40755, 0, "cd" * 32),
+            "link": Entry(EntryKind.SYMLINK, 0o120777, 5, "ef" * 32, "../é")}
+    assert encode_node(node) == (
+        b'[["a","d",16877,0,"' + b"cd" * 32 + b'",""],["b.txt","f",33188,12,"' + b"ab" * 32 + b'",""],'
+        b'["link","l",41471,5,"' + b"ef" * 32 + b'","../\\u00e9"]]')
+    assert digest_bytes(encode_node(node)) == "de103780aaa28a63adc0b22f45b3c06ed93a6f1969937e52aff6c76569d527d4"
+    assert decode_node(encode_node(node)) == node
+
+
+def test_a_changed_directory_is_stored_against_its_previous_node_without_encoding_that_again(tmp_path, monkeypatch):
+    store_path = tmp_path / "store"
+    trees = Trees(ContentStore(store_path))
+    entries = {f"src/pkg/f{i}.py": file(f"{i:064x}") for i in range(40)} | {"README": file("e" * 64)}
+    base = build(trees, entries)
+    encoded = []
+    monkeypatch.setattr(tree_module, "encode_node", lambda children: encoded.append(len(children))
+                        or _encode_node(children))
+    with trees.store.batch() as batch:
+        changed = trees.apply(batch, base, {"src/pkg/f7.py": file("7" * 64)})
+    # Three nodes written (pkg, src, the root), each encoded once: their previous versions'
+    # bytes come from the nodes the first capture wrote.
+    assert encoded == [40, 1, 2]
+    pkg = trees.lookup(changed, "src/pkg")
+    assert trees.store._committed[pkg.digest].base == trees.lookup(base, "src/pkg").digest, \
+        "the changed directory is not stored as a delta of its previous node"
+    fresh = Trees(ContentStore(store_path))
+    assert dict(fresh.flatten(changed)) == dict(trees.flatten(changed))
+    assert fresh.lookup(changed, "src/pkg/f7.py") == file("7" * 64)
+    assert fresh.lookup(changed, "src/pkg/f8.py") == file(f"{8:064x}")

@@ -44,12 +44,14 @@ class Change:
     target: Entry | None
 
 
+#: Kinds encode as their one-letter values (a StrEnum member is that str: ``json`` writes it as
+#: such, without the cost of looking up ``.value`` for every child of every node).
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def encode_node(children: Mapping[str, Entry]) -> bytes:
-    rows = [
-        [name, e.kind.value, e.mode, e.size, e.digest, e.target]
-        for name, e in sorted(children.items())
-    ]
-    return json.dumps(rows, separators=(",", ":")).encode()
+    return _ENCODE([[name, e.kind, e.mode, e.size, e.digest, e.target]
+                    for name, e in sorted(children.items())]).encode()
 
 
 def decode_node(data: bytes) -> dict[str, Entry]:
@@ -60,6 +62,8 @@ def decode_node(data: bytes) -> dict[str, Entry]:
 
 
 EMPTY_TREE = digest_bytes(encode_node({}))
+#: Encoded nodes kept for delta bases: a few captures' worth of changed directories.
+WRITTEN_ENCODINGS_KEPT = 1024
 
 
 class Trees:
@@ -73,6 +77,9 @@ class Trees:
         self._cache: OrderedDict[str, dict[str, Entry]] = OrderedDict()
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
+        #: The encodings of the nodes written last: the next capture that changes the same
+        #: directories stores its nodes as deltas against exactly these bytes.
+        self._written: OrderedDict[str, bytes] = OrderedDict()
 
     def _read_uncached(self, digest: str) -> dict[str, Entry]:
         if digest == EMPTY_TREE:
@@ -102,10 +109,17 @@ class Trees:
         lets the store keep just the difference."""
         data = encode_node(children)
         if previous_digest and isinstance(batch, Batch):
-            digest = batch.put_bytes(data, previous_digest, encode_node(previous))
+            with self._cache_lock:
+                base = self._written.get(previous_digest)
+            digest = batch.put_bytes(data, previous_digest, base if base is not None else encode_node(previous))
         else:
             digest = batch.put_bytes(data)
         self._remember(digest, dict(children))
+        with self._cache_lock:
+            self._written[digest] = data
+            self._written.move_to_end(digest)
+            if len(self._written) > WRITTEN_ENCODINGS_KEPT:
+                self._written.popitem(last=False)
         return digest
 
     def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
