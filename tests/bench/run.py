@@ -37,6 +37,7 @@ import grpc  # noqa: E402
 from ulid import ULID  # noqa: E402
 
 from tests.bench.checkpointd_driver import CheckpointdClient, CheckpointdServer  # noqa: E402
+from tests.bench.floor_server import FloorServer  # noqa: E402
 from tests.bench.measure import apparent_size_bytes, median, process_tree_cpu_seconds  # noqa: E402
 from tests.bench.shadow_git import ShadowGit  # noqa: E402
 from tests.bench.workspace_gen import (  # noqa: E402
@@ -51,6 +52,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTD = "checkpointd"
 GIT = "git"
 SYSTEMS = (CHECKPOINTD, GIT)
+#: The do-nothing grpcio server (floor_server): what no Python gRPC server can go below here.
+FLOOR = "grpcio floor"
+FLOOR_LATENCY_SAMPLES = 11
 METRICS = ("first", "incremental", "no_change", "rollback", "store", "throughput")
 ROLLBACK_EDIT_KINDS = ("modify", "add", "delete")
 BACKGROUND_STALL_LIMIT_SECONDS = 1.0
@@ -64,10 +68,20 @@ _LOAD_SEEN: list[float] = []
 _OTHER_BENCHES_SEEN: dict[int, str] = {}
 
 
+def _parent_of(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _note_other_benchmarks() -> None:
-    """Remembers other benchmark processes running beside this one: they skew every figure."""
+    """Remembers other benchmark processes running beside this one (not its own servers, nor the
+    command that started it): they skew every figure."""
+    ours = {os.getpid(), os.getppid()}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in ours or _parent_of(entry.name) in ours:
             continue
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
@@ -606,7 +620,8 @@ def bench_store(run: Run) -> None:
 
 def bench_throughput(run: Run) -> None:
     """State-only CreateCheckpoint calls per second from a few concurrent clients, each on its own
-    channel and plan (no workspace_root)."""
+    channel and plan (no workspace_root); the same clients against the do-nothing floor server in
+    alternate rounds, and that server's latency after an idle second (see floor_server)."""
     options = run.options
     result = run.new_result("throughput", f"state-only CreateCheckpoint, {options.throughput_threads} clients",
                             "-", "per s")
@@ -614,12 +629,12 @@ def bench_throughput(run: Run) -> None:
     series = result.for_system(CHECKPOINTD)
     if not run.wants(CHECKPOINTD):
         return
+    floor_series = result.for_system(FLOOR)
     state = bytes(range(256)) * 4
     run.wait_for_deletions()
 
-    def one_round() -> None:
-        server = run.server
-        clients = [CheckpointdClient(server.target) for _ in range(options.throughput_threads)]
+    def one_round(target: str, pid: int, measured: Series) -> None:
+        clients = [CheckpointdClient(target) for _ in range(options.throughput_threads)]
         plans = [str(ULID()) for _ in clients]
         for client, plan in zip(clients, plans, strict=True):
             for _ in range(10):
@@ -639,26 +654,39 @@ def bench_throughput(run: Run) -> None:
         for thread in threads:
             thread.start()
         client_cpu_before = time.process_time()
-        server_cpu_before = process_tree_cpu_seconds(server.pid)
+        server_cpu_before = process_tree_cpu_seconds(pid)
         start_line.wait()
         started = time.perf_counter()
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - started
-        series.extra.setdefault("client_cpu_cores", []).append(
+        measured.extra.setdefault("client_cpu_cores", []).append(
             round((time.process_time() - client_cpu_before) / elapsed, 2))
-        series.extra.setdefault("server_cpu_cores", []).append(
-            round((process_tree_cpu_seconds(server.pid) - server_cpu_before) / elapsed, 2))
+        measured.extra.setdefault("server_cpu_cores", []).append(
+            round((process_tree_cpu_seconds(pid) - server_cpu_before) / elapsed, 2))
         for client in clients:
             client.close()
         if failures:
             raise RuntimeError(f"{len(failures)} client(s) failed, first: {failures[0]}")
-        series.samples.append(options.throughput_threads * options.throughput_requests / elapsed)
+        measured.samples.append(options.throughput_threads * options.throughput_requests / elapsed)
+
+    def idle_latency(target: str) -> None:
+        with CheckpointdClient(target) as client:
+            plan = str(ULID())
+            client.checkpoint(plan, None, "warm-up", state)
+            for _ in range(FLOOR_LATENCY_SAMPLES):
+                time.sleep(1.0)
+                floor_series.extra.setdefault("idle_call_ms", []).append(
+                    round(client.checkpoint(plan, None, "idle", state)[1] * 1000, 3))
 
     attempt(series, run.fresh_server)
-    for repeat in range(options.repeat):
-        attempt(series, one_round)
-        log(f"[throughput] #{repeat + 1}: {SizeBench._latest(result)}")
+    with FloorServer(run.scratch / "floor-server.log") as floor:
+        for repeat in range(options.repeat):
+            rounds = [(run.server.target, run.server.pid, series), (floor.target, floor.pid, floor_series)]
+            for target, pid, measured in rounds if repeat % 2 == 0 else reversed(rounds):
+                attempt(measured, lambda target=target, pid=pid, measured=measured: one_round(target, pid, measured))
+            log(f"[throughput] #{repeat + 1}: {SizeBench._latest(result)}")
+        attempt(floor_series, lambda: idle_latency(floor.target))
     run.stop_server()
 
 
@@ -718,7 +746,25 @@ def _notes(result: MetricResult) -> str:
     cores = result.series.get(CHECKPOINTD, Series("")).extra.get("client_cpu_cores")
     if cores:
         notes.append(f"client used {median(cores):.2f} cores")
+    floor = result.series.get(FLOOR)
+    ours = result.series[CHECKPOINTD].value
+    if floor is not None and floor.value and ours:
+        notes.append(f"a do-nothing grpcio server: {floor.value:,.0f}/s (ours {ours / floor.value:.0%} of it)")
     return "; ".join(notes)
+
+
+def floor_summary(results: list[MetricResult]) -> str:
+    """The floor line printed under the table, from the throughput phase's floor server."""
+    for result in results:
+        floor = result.series.get(FLOOR)
+        if floor is None or not floor.extra.get("idle_call_ms"):
+            continue
+        calls = floor.extra["idle_call_ms"]
+        rate = f", {floor.value:,.0f} calls/s from the throughput clients" if floor.value else ""
+        return (f"Floor on this machine, this run: a do-nothing grpcio server (served as checkpointd is) answers "
+                f"CreateCheckpoint in {median(calls):.2f} ms after an idle second (median of {len(calls)}, "
+                f"{min(calls):.2f}-{max(calls):.2f}){rate}. Every checkpointd latency above includes such a call.")
+    return ""
 
 
 def table_rows(results: list[MetricResult]) -> list[dict[str, str]]:
@@ -810,6 +856,9 @@ def main(argv: list[str] | None = None) -> int:
         run.close()
     rows = table_rows(run.results)
     print(render_table(rows))
+    floor = floor_summary(run.results)
+    if floor:
+        print(f"\n{floor}")
     path = write_results(run, rows, started, argv, complete=True)
     print(f"\nresults: {path}")
     print("Medians of repeated runs, measured at the client (checkpointd: one gRPC call; git: add+commit, "

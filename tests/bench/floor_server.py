@@ -1,0 +1,87 @@
+"""The floor of every checkpointd figure: a grpcio server, served the way checkpointd serves
+(sync server, thread pool of 32), whose CreateCheckpoint does nothing. What a call to it costs on
+this machine, no server in Python can go below; the bench prints it beside checkpointd's figures.
+
+    python -m tests.bench.floor_server 127.0.0.1:PORT
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import grpc  # noqa: E402
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb  # noqa: E402
+from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc  # noqa: E402
+from tests.bench.checkpointd_driver import STARTUP_LIMIT_SECONDS, free_tcp_port  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DoNothingCheckpoints(pb_grpc.CheckpointServiceServicer):
+    """Answers CreateCheckpoint with a checkpoint of the request's plan, recording nothing."""
+
+    def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
+        return pb.CreateCheckpointResponse(checkpoint=pb.Checkpoint(
+            checkpoint_id="01KB0000000000000000000000", plan_id=request.plan_id, sequence=1,
+            trigger=request.trigger, source_tool=request.source_tool, description=request.description,
+            state_size_bytes=len(request.state)))
+
+
+class FloorServer:
+    """The do-nothing server in its own process (as checkpointd runs in its own)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.target = f"127.0.0.1:{free_tcp_port()}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the floor server is not running")
+        return self._process.pid
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen([sys.executable, "-m", "tests.bench.floor_server", self.target],
+                                             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL)
+        with grpc.insecure_channel(self.target) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=STARTUP_LIMIT_SECONDS)
+            except grpc.FutureTimeoutError:
+                self.stop()
+                raise RuntimeError(f"the floor server did not start; see {self.log_path}") from None
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=20)
+            self._process = None
+
+    def __enter__(self) -> FloorServer:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    pb_grpc.add_CheckpointServiceServicer_to_server(DoNothingCheckpoints(), server)
+    if server.add_insecure_port(sys.argv[1]) == 0:
+        raise SystemExit(f"cannot listen on {sys.argv[1]}")
+    server.start()
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
