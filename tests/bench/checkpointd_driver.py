@@ -25,13 +25,11 @@ def free_tcp_port() -> int:
         return probe.getsockname()[1]
 
 
-class CheckpointdServer:
-    """One ``checkpointd serve`` process listening on a free 127.0.0.1 port."""
+class ServerProcess:
+    """A server in a process of its own, started by ``start`` and ended by ``stop`` (or the
+    ``with`` block): SIGTERM, then SIGKILL if it has not exited in 20 s."""
 
-    def __init__(self, executable: Path, data_dir: Path, workspace_root: Path, log_path: Path) -> None:
-        self.executable = executable
-        self.data_dir = data_dir
-        self.workspace_root = workspace_root
+    def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
         self.target = ""
         self._process: subprocess.Popen[bytes] | None = None
@@ -39,8 +37,40 @@ class CheckpointdServer:
     @property
     def pid(self) -> int:
         if self._process is None:
-            raise RuntimeError("checkpointd is not running")
+            raise RuntimeError(f"{type(self).__name__} is not running")
         return self._process.pid
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+class CheckpointdServer(ServerProcess):
+    """One ``checkpointd serve`` process listening on a free 127.0.0.1 port."""
+
+    def __init__(self, executable: Path, data_dir: Path, workspace_root: Path, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.executable = executable
+        self.data_dir = data_dir
+        self.workspace_root = workspace_root
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -79,31 +109,12 @@ class CheckpointdServer:
         except OSError:
             return "(no log)"
 
-    def stop(self) -> None:
-        if self._process is None:
-            return
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        self._process = None
-
     def wait_for_idle(self, quiet_seconds: float = 1.0) -> BackgroundWork:
         """How long the server kept a CPU busy after its last answer (see wait_for_idle_cpu)."""
         return wait_for_idle_cpu(self.pid, quiet_seconds=quiet_seconds)
 
     def store_size_bytes(self) -> int:
         return disk_usage_bytes(self.data_dir)
-
-    def __enter__(self) -> CheckpointdServer:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
 
 
 class CheckpointdClient:

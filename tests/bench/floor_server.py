@@ -19,7 +19,7 @@ import grpc  # noqa: E402
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb  # noqa: E402
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc  # noqa: E402
-from tests.bench.checkpointd_driver import STARTUP_LIMIT_SECONDS, free_tcp_port  # noqa: E402
+from tests.bench.checkpointd_driver import STARTUP_LIMIT_SECONDS, ServerProcess, free_tcp_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,21 +34,11 @@ class DoNothingCheckpoints(pb_grpc.CheckpointServiceServicer):
             state_size_bytes=len(request.state)))
 
 
-class FloorServer:
+class FloorServer(ServerProcess):
     """The do-nothing server in its own process (as checkpointd runs in its own)."""
 
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
-        self.target = f"127.0.0.1:{free_tcp_port()}"
-        self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        if self._process is None:
-            raise RuntimeError("the floor server is not running")
-        return self._process.pid
-
     def start(self) -> None:
+        self.target = f"127.0.0.1:{free_tcp_port()}"
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen([sys.executable, "-m", "tests.bench.floor_server", self.target],
                                              cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -59,19 +49,6 @@ class FloorServer:
             except grpc.FutureTimeoutError:
                 self.stop()
                 raise RuntimeError(f"the floor server did not start; see {self.log_path}") from None
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            self._process.wait(timeout=20)
-            self._process = None
-
-    def __enter__(self) -> FloorServer:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
 
 
 def main() -> None:
