@@ -5,11 +5,14 @@ unchanged files."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import threading
 import time
+import zlib
 
 import pytest
+import zstandard
 
 from checkpointd.core import snapshot as snapshot_module
 from checkpointd.core import store as store_module
@@ -218,3 +221,56 @@ def test_new_versions_are_stored_as_deltas_and_stay_readable_when_their_base_is_
     again = ContentStore(tmp_path)
     assert [again.read_bytes(d) for d in digests[6:]] == versions[6:]
     assert not any(again.has(d) for d in digests[:6])
+
+
+def _record(data: bytes, kind: bytes, body: bytes) -> bytes:
+    return hashlib.sha256(data).digest() + kind + len(body).to_bytes(4, "big") + body
+
+
+def test_compressible_objects_are_packed_as_zstd_and_read_back(tmp_path):
+    store = ContentStore(tmp_path)
+    text = b"def function_%d(argument):\n    return argument * 2\n" * 40
+    with store.batch() as batch:
+        digest = batch.put_bytes(text)
+    assert store._committed[digest].kind == store_module.ZSTD
+    assert store._committed[digest].length < len(text) // 4
+    assert ContentStore(tmp_path).read_bytes(digest) == text
+
+
+def test_a_pack_from_before_zstd_is_read_and_never_appended_to(tmp_path):
+    """A store written by a server from before zstd: its pack (raw and zlib records) is read as
+    it is; what is written now goes to a new pack, which such a server would refuse to open."""
+    (tmp_path / "packs").mkdir()
+    old_pack = tmp_path / "packs" / "pack-000001.pack"
+    text, binary = b"an old text object\n" * 50, bytes(range(256))
+    records = _record(text, b"Z", zlib.compress(text, 1)) + _record(binary, b"R", binary)
+    old_pack.write_bytes(b"CKPTPAK1" + (16 + len(records)).to_bytes(8, "big") + records)
+    before = old_pack.read_bytes()
+    store = ContentStore(tmp_path)
+    assert store.read_bytes(hashlib.sha256(text).hexdigest()) == text
+    assert store.read_bytes(hashlib.sha256(binary).hexdigest()) == binary
+    with store.batch() as batch:
+        new = batch.put_bytes(b"written by this server\n" * 50)
+    assert old_pack.read_bytes() == before
+    packs = _packs(store)
+    assert len(packs) == 2 and packs[-1].read_bytes()[:8] == b"CKPTPAK2"
+    reopened = ContentStore(tmp_path)
+    assert reopened.read_bytes(new) == b"written by this server\n" * 50
+    assert reopened.read_bytes(hashlib.sha256(text).hexdigest()) == text
+
+
+def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_allocated(tmp_path):
+    too_big = bytes(2 * store_module.COMPRESS_LIMIT)
+    frame = zstandard.ZstdCompressor().compress(too_big)
+    with pytest.raises(ValueError):
+        store_module._zstd_decompress(frame)
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        kept = batch.put_bytes(b"kept object " * 100)
+    pack = _packs(store)[-1]
+    intact = pack.stat().st_size
+    with open(pack, "ab") as f:
+        f.write(_record(too_big, store_module.ZSTD, frame))
+    reopened = ContentStore(tmp_path)
+    assert pack.stat().st_size == intact, "an unverifiable record past the durable end is a torn tail"
+    assert reopened.read_bytes(kept) == b"kept object " * 100

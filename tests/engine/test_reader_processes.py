@@ -409,3 +409,28 @@ def test_a_directory_larger_than_the_read_ahead_window_is_read_whole_and_leaks_n
     assert (result.tree, result.file_count, result.total_size, result.skipped) == (
         expected.tree, expected.file_count, expected.total_size, expected.skipped)
     assert contents(store, Trees(store), result.tree) == expected_contents
+
+
+
+def test_readers_pack_with_zstd_in_their_isolated_interpreter(tmp_path, monkeypatch):
+    """A reader runs as ``python -I -S`` and is told where the server's zstandard is: were it not,
+    it could not pack at all, and every file would be read by the server instead."""
+    from checkpointd.core import snapshot as snapshot_module
+
+    read_in_server = []
+    original = snapshot_module._read_unstated
+    monkeypatch.setattr(snapshot_module, "_read_unstated",
+                        lambda *args, **kwargs: read_in_server.append(args[1]) or original(*args, **kwargs))
+    root = tmp_path / "ws"
+    for i in range(60):
+        write(root / f"d{i % 3}" / f"f{i}.py", f"print('file {i}')\n" * 80)
+    store = ContentStore(tmp_path / "store")
+    snapshotter = readers_snapshotter(store)
+    try:
+        result = scan(store, root, snapshotter)
+        assert snapshotter.readers.pids(), "the readers were not used"
+    finally:
+        snapshotter.close()
+    assert result.file_count == 60 and read_in_server == []
+    files = [entry for _, entry in Trees(store).flatten(result.tree) if entry.kind is EntryKind.FILE]
+    assert {store._committed[entry.digest].kind for entry in files} == {readworker.ZSTD}

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import NamedTuple
 
+import zstandard
+
 from checkpointd.core import readworker
 from checkpointd.core.store import Batch
 from checkpointd.core.tree import Entry, EntryKind
@@ -43,6 +45,8 @@ TASK_FILES = 64
 TASK_BYTES = 2 << 20
 #: glibc malloc gives freed memory back to the system eagerly; a reader allocates and frees a
 #: compressor's few hundred KiB per file, and would take page faults for each one.
+#: Where a reader (isolated from site-packages) imports zstandard from: where the server does.
+_ZSTANDARD_HOME = os.path.dirname(os.path.dirname(zstandard.__file__))
 _READER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(16 << 20), "MALLOC_TOP_PAD_": str(1 << 20)}
 #: Readers with nothing to do for this long are stopped.
 IDLE_SECONDS = 60.0
@@ -116,7 +120,8 @@ class _Reader:
         answers, answers_w = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", readworker.__file__, str(theirs.fileno()), str(answers_w)],
+                [sys.executable, "-I", "-S", readworker.__file__, str(theirs.fileno()), str(answers_w),
+                 _ZSTANDARD_HOME],
                 pass_fds=(theirs.fileno(), answers_w), stdin=subprocess.DEVNULL, close_fds=True,
                 env={**os.environ, **_READER_ENV})
         except BaseException:

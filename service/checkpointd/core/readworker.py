@@ -1,8 +1,9 @@
 """The reader process of large scans (see ``readers``), and the record-body encoding it
 shares with the content store.
 
-Standard library only: a reader starts as a fresh interpreter (never a fork of the
-server), so it must import little to start quickly.
+Standard library only, but for zstandard (imported on first use): a reader starts as a
+fresh interpreter (never a fork of the server), isolated (``-I -S``), so it must import little
+to start quickly; it is told where the server's zstandard lives (the third argument).
 
 A reader gets tasks on a SOCK_SEQPACKET socket: one message
 ``marshal((task, max_size, names))`` with the directory's file descriptor attached
@@ -26,10 +27,15 @@ import socket
 import stat
 import struct
 import sys
-import zlib
+import threading
 
 RAW = b"R"
+#: Written by stores before zstd; still read.
 ZLIB = b"Z"
+ZSTD = b"S"
+#: zstd level 2: as small as zlib level 1 on source text, in about a quarter of its time
+#: (and three times faster to read back).
+ZSTD_LEVEL = 2
 #: Objects up to this size are compressed in memory when that makes them smaller, and packed.
 COMPRESS_LIMIT = 1 << 20
 TOO_LARGE = "L"
@@ -53,13 +59,26 @@ def looks_incompressible(data: bytes) -> bool:
     return len(sample.translate(None, _TEXT_BYTES)) * 3 > len(sample) and len(set(sample)) > 200
 
 
+_codecs = threading.local()
+
+
+def zstd_compressor():
+    """This thread's zstd compressor (one is not to be shared between threads)."""
+    compressor = getattr(_codecs, "compressor", None)
+    if compressor is None:
+        import zstandard
+
+        compressor = _codecs.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    return compressor
+
+
 def pack_body(data: bytes) -> tuple[bytes, bytes]:
-    """(kind, body): zlib with a window no larger than the data (cheaper to set up for small
-    objects); content that looks random is not even tried."""
+    """(kind, body): zstd, kept when it makes the data smaller; content that looks random is
+    not even tried."""
     if len(data) < 64 or looks_incompressible(data):
         return RAW, data
-    packed = zlib.compress(data, 1, max(9, min(15, (len(data) - 1).bit_length())))
-    return (ZLIB, packed) if len(packed) < len(data) else (RAW, data)
+    packed = zstd_compressor().compress(data)
+    return (ZSTD, packed) if len(packed) < len(data) else (RAW, data)
 
 
 def _read_bounded(fd: int, expected_size: int) -> bytes | None:
@@ -179,6 +198,7 @@ def serve(tasks: socket.socket, answers: int) -> None:
 def main() -> None:
     tasks = socket.socket(fileno=int(sys.argv[1]))
     answers = int(sys.argv[2])
+    sys.path.append(sys.argv[3])
     with contextlib.suppress(BrokenPipeError, ConnectionError, KeyboardInterrupt):
         serve(tasks, answers)
 

@@ -14,9 +14,9 @@ and renamed from the staging directory to their final names. A caller commits me
 that references objects only after ``Batch.commit`` returns.
 
 A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
-``R`` is raw content, ``Z`` zlib, ``D`` a deletion (no body). Each pack's header carries
-the length known to be durable; on open, records past it are verified and a torn tail is
-cut off.
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta,
+``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
+open, records past it are verified and a torn tail is cut off.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import zstandard
+
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
-from checkpointd.core.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, pack_body
+from checkpointd.core.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
 
 log = logging.getLogger("checkpointd.store")
 
@@ -54,7 +56,11 @@ MAX_DELTA_DEPTH = 8
 _DELTA_LIMIT = 64 << 10
 _CHUNK = 1 << 20
 
-_PACK_MAGIC = b"CKPTPAK1"
+#: Packs that may hold zstd records. A server from before zstd refuses such a pack as "not a
+#: pack" rather than taking its first zstd record for a torn tail and cutting the rest off.
+_PACK_MAGIC = b"CKPTPAK2"
+#: Packs written before zstd (raw and zlib records only): read, never appended to.
+_PACK_MAGIC_ZLIB = b"CKPTPAK1"
 _PACK_HEADER = struct.Struct(">8sQ")
 #: A pack stops taking new records past this size; a new one is started.
 PACK_ROTATE_BYTES = 256 << 20
@@ -69,6 +75,23 @@ def _syncfs(fd: int) -> None:
     syncfs = getattr(_libc, "syncfs", None)
     if syncfs is None or syncfs(fd) != 0:
         os.sync()
+
+
+#: What a corrupt record body raises when it is decoded.
+_BODY_ERRORS = (zlib.error, zstandard.ZstdError, ValueError)
+_decompressors = threading.local()
+
+
+def _zstd_decompress(body: bytes) -> bytes:
+    """A zstd record's content. Only objects up to COMPRESS_LIMIT are packed: a frame that says
+    it holds more is corrupt, and is not given the memory it asks for."""
+    size = zstandard.frame_content_size(body)
+    if not 0 <= size <= COMPRESS_LIMIT:
+        raise ValueError(f"a zstd record claims {size} bytes")
+    decompressor = getattr(_decompressors, "decompressor", None)
+    if decompressor is None:
+        decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
+    return decompressor.decompress(body, max_output_size=COMPRESS_LIMIT)
 
 
 def digest_bytes(data: bytes) -> str:
@@ -155,6 +178,8 @@ class _Pack:
         self.fd = fd
         self.size = size
         self.durable = durable
+        #: False for a pack from before zstd records (see _PACK_MAGIC_ZLIB).
+        self.appendable = True
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
 
@@ -273,7 +298,7 @@ class ContentStore:
             pack = _Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
             self._recover(pack)
             self._packs.append(pack)
-        if self._packs and self._packs[-1].size < PACK_ROTATE_BYTES:
+        if self._packs and self._packs[-1].appendable and self._packs[-1].size < PACK_ROTATE_BYTES:
             self._active = self._packs[-1]
 
     def _recover(self, pack: _Pack) -> None:
@@ -281,8 +306,9 @@ class ContentStore:
         first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
         size = os.fstat(pack.fd).st_size
         magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
-        if magic != _PACK_MAGIC:
+        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
             raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
+        pack.appendable = magic == _PACK_MAGIC
         offset = _PACK_HEADER.size
         buffer, buffer_start = b"", offset
         while offset + RECORD.size <= size:
@@ -290,7 +316,7 @@ class ContentStore:
                 buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
             raw_digest, kind, length = RECORD.unpack_from(buffer, offset - buffer_start)
             body_at = offset + RECORD.size
-            if kind not in (RAW, ZLIB, _DELTA, _DELETED) or body_at + length > size:
+            if kind not in (RAW, ZLIB, ZSTD, _DELTA, _DELETED) or body_at + length > size:
                 break
             digest = raw_digest.hex()
             if kind == _DELTA:
@@ -322,10 +348,12 @@ class ContentStore:
     def _verifies(self, digest: str, location: _Location) -> bool:
         try:
             return hashlib.sha256(self._unpack(location, location.pack.read(location))).hexdigest() == digest
-        except (OSError, zlib.error, DataLoss):
+        except (OSError, *_BODY_ERRORS, DataLoss):
             return False
 
     def _unpack(self, location: _Location, body: bytes) -> bytes:
+        if location.kind == ZSTD:
+            return _zstd_decompress(body)
         if location.kind == ZLIB:
             return zlib.decompress(body)
         if location.kind == _DELTA:
@@ -407,7 +435,7 @@ class ContentStore:
         if location is not None and location.pack is not None:
             try:
                 data = self._unpack(location, location.pack.read(location))
-            except (OSError, zlib.error) as exc:
+            except (OSError, *_BODY_ERRORS) as exc:
                 raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
                                digest=digest) from exc
             if hashlib.sha256(data).hexdigest() != digest:
@@ -587,7 +615,7 @@ class Batch:
 
     def put_records(self, records: list[tuple[str, bytes]]) -> None:
         """Stores objects already encoded as whole pack records, ``(digest, record)`` with
-        kind raw or zlib (made by a reader process, see ``readworker``); those already stored
+        kind raw or zstd (made by a reader process, see ``readworker``); those already stored
         or written by this batch are skipped. One write for all of them."""
         fresh: dict[str, bytes] = {}
         for digest, record in records:
