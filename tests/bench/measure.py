@@ -109,3 +109,18 @@ def wait_for_idle_cpu(pid: int, quiet_seconds: float = 1.0, busy_fraction: float
         previous_cpu, previous_time = cpu, now
         if now - last_busy_end >= quiet_seconds or now - start >= limit_seconds:
             return BackgroundWork(last_busy_end - start, busy_cpu_end - start_cpu)
+
+
+def cpu_times() -> tuple[int, int]:
+    """(steal, all) clock ticks of the whole machine so far: the time the hypervisor gave the
+    CPUs to other guests, and all time."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already in user and nice)
+    return fields[7], sum(fields[:8])
+
+
+def steal_fraction(since: tuple[int, int]) -> float:
+    """The share of the CPUs' time since ``since`` (a ``cpu_times``) that the hypervisor took."""
+    steal, total = cpu_times()
+    return (steal - since[0]) / max(1, total - since[1])

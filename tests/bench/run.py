@@ -38,7 +38,13 @@ from ulid import ULID  # noqa: E402
 
 from tests.bench.checkpointd_driver import CheckpointdClient, CheckpointdServer  # noqa: E402
 from tests.bench.floor_server import FloorServer  # noqa: E402
-from tests.bench.measure import apparent_size_bytes, median, process_tree_cpu_seconds  # noqa: E402
+from tests.bench.measure import (  # noqa: E402
+    apparent_size_bytes,
+    cpu_times,
+    median,
+    process_tree_cpu_seconds,
+    steal_fraction,
+)
 from tests.bench.shadow_git import ShadowGit  # noqa: E402
 from tests.bench.workspace_gen import (  # noqa: E402
     GeneratedWorkspace,
@@ -60,6 +66,8 @@ ROLLBACK_EDIT_KINDS = ("modify", "add", "delete")
 BACKGROUND_STALL_LIMIT_SECONDS = 1.0
 MIB = 1024 * 1024
 BUSY_LOAD_PER_CPU = 0.5
+#: Above this share of CPU time taken by the hypervisor (steal), a run is flagged as slowed.
+STEAL_WARNING_FRACTION = 0.05
 
 T = TypeVar("T")
 
@@ -256,6 +264,7 @@ class Run:
         self._server_count = 0
         self._deletions: list[subprocess.Popen[bytes]] = []
         self.load_at_start = list(os.getloadavg())
+        self.cpu_times_at_start = cpu_times()
 
     def wants(self, system: str) -> bool:
         return system in self.options.systems
@@ -818,7 +827,8 @@ def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv:
                     "git": _command_output("git", "--version"), "load_average_at_start": run.load_at_start,
                     "load_average_1min_max_seen": max(_LOAD_SEEN, default=None),
                     "other_benchmark_processes_seen": _OTHER_BENCHES_SEEN,
-                    "load_average_at_end": list(os.getloadavg())},
+                    "load_average_at_end": list(os.getloadavg()),
+                    "cpu_steal_fraction": round(steal_fraction(run.cpu_times_at_start), 4)},
         "repo_commit": _command_output("git", "rev-parse", "HEAD"),
         "repo_dirty": bool(_command_output("git", "status", "--porcelain", "--untracked-files=no")),
         "workspaces": run.workspace_facts,
@@ -869,6 +879,10 @@ def main(argv: list[str] | None = None) -> int:
               "other work competed with both systems, so absolute figures are noisy.")
     for pid, command in _OTHER_BENCHES_SEEN.items():
         print(f"WARNING: another benchmark ran at the same time (pid {pid}: {command[:120]})")
+    stolen = steal_fraction(run.cpu_times_at_start)
+    if stolen > STEAL_WARNING_FRACTION:
+        print(f"WARNING: the hypervisor gave {stolen:.0%} of this machine's CPU time to other guests during the run "
+              "(steal): every figure is slower than this machine's own, git's as much as checkpointd's.")
     return 1 if checkpointd_failed(run.results) else 0
 
 
