@@ -83,15 +83,21 @@ def readers_snapshotter(store: ContentStore, processes: int = 2) -> Snapshotter:
     return Snapshotter(store, Trees(store), StatIndex(), reader_processes=processes, readers_min_files=1)
 
 
-def test_a_scan_with_reader_processes_stores_what_an_in_process_scan_stores(tmp_path, reference):
-    root, expected, expected_contents = reference
-    store = ContentStore(tmp_path / "store")
+def scan_with_readers(store: ContentStore, root: Path):
+    """A scan by reader processes (which must have been used), which are stopped afterwards."""
     snapshotter = readers_snapshotter(store)
     try:
         result = scan(store, root, snapshotter)
         assert snapshotter.readers.pids(), "the readers were not used"
     finally:
         snapshotter.close()
+    return result
+
+
+def test_a_scan_with_reader_processes_stores_what_an_in_process_scan_stores(tmp_path, reference):
+    root, expected, expected_contents = reference
+    store = ContentStore(tmp_path / "store")
+    result = scan_with_readers(store, root)
     assert (result.tree, result.file_count, result.total_size, result.skipped) == (
         expected.tree, expected.file_count, expected.total_size, expected.skipped)
     assert any(s.reason == SKIP_TOO_LARGE for s in result.skipped)
@@ -425,12 +431,7 @@ def test_readers_pack_with_zstd_in_their_isolated_interpreter(tmp_path, monkeypa
     for i in range(60):
         write(root / f"d{i % 3}" / f"f{i}.py", f"print('file {i}')\n" * 80)
     store = ContentStore(tmp_path / "store")
-    snapshotter = readers_snapshotter(store)
-    try:
-        result = scan(store, root, snapshotter)
-        assert snapshotter.readers.pids(), "the readers were not used"
-    finally:
-        snapshotter.close()
+    result = scan_with_readers(store, root)
     assert result.file_count == 60 and read_in_server == []
     files = [entry for _, entry in Trees(store).flatten(result.tree) if entry.kind is EntryKind.FILE]
     assert {store._committed[entry.digest].kind for entry in files} == {readworker.ZSTD}
