@@ -78,7 +78,7 @@ def _syncfs(fd: int) -> None:
 
 
 #: What a corrupt record body raises when it is decoded.
-_BODY_ERRORS = (zlib.error, zstandard.ZstdError, ValueError)
+_BODY_ERRORS = (zlib.error, zstandard.ZstdError)
 _decompressors = threading.local()
 
 
@@ -87,7 +87,7 @@ def _zstd_decompress(body: bytes) -> bytes:
     it holds more is corrupt, and is not given the memory it asks for."""
     size = zstandard.frame_content_size(body)
     if not 0 <= size <= COMPRESS_LIMIT:
-        raise ValueError(f"a zstd record claims {size} bytes")
+        raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
     decompressor = getattr(_decompressors, "decompressor", None)
     if decompressor is None:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()

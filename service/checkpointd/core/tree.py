@@ -96,12 +96,17 @@ class Trees:
         self._remember(digest, node)
         return node
 
-    def _remember(self, digest: str, node: dict[str, Entry]) -> None:
+    def _remember(self, digest: str, node: dict[str, Entry], encoded: bytes | None = None) -> None:
         with self._cache_lock:
             self._cache[digest] = node
             self._cache.move_to_end(digest)
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
+            if encoded is not None:
+                self._written[digest] = encoded
+                self._written.move_to_end(digest)
+                if len(self._written) > WRITTEN_ENCODINGS_KEPT:
+                    self._written.popitem(last=False)
 
     def write(self, batch: Batch, children: Mapping[str, Entry], previous: Mapping[str, Entry] | None = None,
               previous_digest: str = "") -> str:
@@ -114,12 +119,7 @@ class Trees:
             digest = batch.put_bytes(data, previous_digest, base if base is not None else encode_node(previous))
         else:
             digest = batch.put_bytes(data)
-        self._remember(digest, dict(children))
-        with self._cache_lock:
-            self._written[digest] = data
-            self._written.move_to_end(digest)
-            if len(self._written) > WRITTEN_ENCODINGS_KEPT:
-                self._written.popitem(last=False)
+        self._remember(digest, dict(children), data)
         return digest
 
     def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
