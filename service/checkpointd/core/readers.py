@@ -43,10 +43,10 @@ MAX_IN_FLIGHT = 8
 #: A task takes at most this many files, and files of at most this many bytes in all.
 TASK_FILES = 64
 TASK_BYTES = 2 << 20
-#: glibc malloc gives freed memory back to the system eagerly; a reader allocates and frees a
-#: compressor's few hundred KiB per file, and would take page faults for each one.
 #: Where a reader (isolated from site-packages) imports zstandard from: where the server does.
 _ZSTANDARD_HOME = os.path.dirname(os.path.dirname(zstandard.__file__))
+#: glibc malloc gives freed memory back to the system eagerly; a reader allocates and frees
+#: buffers for every file, and would take page faults for each one.
 _READER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(16 << 20), "MALLOC_TOP_PAD_": str(1 << 20)}
 #: Readers with nothing to do for this long are stopped.
 IDLE_SECONDS = 60.0
