@@ -1,5 +1,5 @@
 """The floor of every checkpointd figure: a grpcio server, served the way checkpointd serves
-(sync server, thread pool of 32), whose CreateCheckpoint does nothing. What a call to it costs on
+(sync server, checkpointd's default thread pool), whose CreateCheckpoint does nothing. What a call to it costs on
 this machine, no server in Python can go below; the bench prints it beside checkpointd's figures.
 
     python -m tests.bench.floor_server 127.0.0.1:PORT
@@ -19,9 +19,12 @@ import grpc  # noqa: E402
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb  # noqa: E402
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc  # noqa: E402
+from checkpointd.server import ServerSettings  # noqa: E402
 from tests.bench.checkpointd_driver import STARTUP_LIMIT_SECONDS, ServerProcess, free_tcp_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: As many RPC threads as checkpointd serves with by default.
+RPC_THREADS = ServerSettings.__dataclass_fields__["max_workers"].default
 
 
 class DoNothingCheckpoints(pb_grpc.CheckpointServiceServicer):
@@ -52,7 +55,7 @@ class FloorServer(ServerProcess):
 
 
 def main() -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
     pb_grpc.add_CheckpointServiceServicer_to_server(DoNothingCheckpoints(), server)
     if server.add_insecure_port(sys.argv[1]) == 0:
         raise SystemExit(f"cannot listen on {sys.argv[1]}")

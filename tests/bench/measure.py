@@ -42,7 +42,8 @@ def median(samples: Iterable[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _children_of() -> dict[int, list[int]]:
+def children_by_parent() -> dict[int, list[int]]:
+    """Every live process's pid, by its parent's pid."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -68,7 +69,7 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 def process_tree_cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of ``pid`` and its live descendants (all threads)."""
-    children = _children_of()
+    children = children_by_parent()
     total = 0.0
     pending = [pid]
     while pending:

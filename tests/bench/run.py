@@ -40,6 +40,7 @@ from tests.bench.checkpointd_driver import CheckpointdClient, CheckpointdServer 
 from tests.bench.floor_server import FloorServer  # noqa: E402
 from tests.bench.measure import (  # noqa: E402
     apparent_size_bytes,
+    children_by_parent,
     cpu_times,
     median,
     process_tree_cpu_seconds,
@@ -76,20 +77,12 @@ _LOAD_SEEN: list[float] = []
 _OTHER_BENCHES_SEEN: dict[int, str] = {}
 
 
-def _parent_of(pid: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _note_other_benchmarks() -> None:
     """Remembers other benchmark processes running beside this one (not its own servers, nor the
     command that started it): they skew every figure."""
-    ours = {os.getpid(), os.getppid()}
+    ours = {os.getpid(), os.getppid(), *children_by_parent().get(os.getpid(), ())}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) in ours or _parent_of(entry.name) in ours:
+        if not entry.name.isdigit() or int(entry.name) in ours:
             continue
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
