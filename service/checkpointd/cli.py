@@ -103,11 +103,14 @@ def server_settings(args: argparse.Namespace):
 
 
 def serve(args: argparse.Namespace) -> int:
+    from checkpointd.core import heap
     from checkpointd.server import CheckpointdServer
 
     configure_logging(args.log_level, LogFormat(args.log_format))
     settings = server_settings(args)
     server = CheckpointdServer(settings)
+    # What the server has built lives as long as the process: out of the collector's sight.
+    heap.freeze_startup_heap()
     server.start()
     if server.metrics_address:
         print(f"checkpointd metrics: http://{server.metrics_address}/metrics", flush=True)

@@ -77,3 +77,21 @@ def test_leftovers_of_an_interrupted_batch_are_cleared_on_open(tmp_path):
     (store.staging / "half-written").write_bytes(b"x")
     ContentStore(tmp_path)
     assert list(store.staging.iterdir()) == []
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["committed", "aborted"])
+def test_every_finish_callback_runs_even_after_one_raises(tmp_path, fails):
+    store = ContentStore(tmp_path / "store")
+    calls = []
+
+    def first(committed):
+        calls.append(("first", committed))
+        raise RuntimeError("first callback failed")
+
+    with pytest.raises(RuntimeError, match="first callback failed"), store.batch() as batch:
+        batch.put_bytes(b"payload")
+        batch.when_finished(first)
+        batch.when_finished(lambda committed: calls.append(("second", committed)))
+        if fails:
+            raise ValueError("the capture failed")
+    assert calls == [("first", not fails), ("second", not fails)]

@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from checkpointd.core.db import Database
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
-from checkpointd.core.store import ContentStore, SharedExclusiveLock
+from checkpointd.core.store import ContentStore, SharedExclusiveLock, run_finish_callbacks
 
 _RAW = "R"
 _ZLIB = "Z"
@@ -538,8 +538,7 @@ class Batch:
 
     def _finish(self, committed: bool) -> None:
         callbacks, self._finished = self._finished, []
-        for callback in callbacks:
-            callback(committed)
+        run_finish_callbacks(callbacks, committed)
 
 
 def _read_all(fd: int) -> bytes:

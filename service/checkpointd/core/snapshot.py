@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from checkpointd.core import heap
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.index import Indexed, RootIndex, StatIndex
 from checkpointd.core.readers import Readers, TooLarge, chunks
@@ -143,14 +144,23 @@ class Snapshotter:
                 on_dir: DirectoryHook | None = None) -> CaptureResult:
         """Stores every captured file of the workspace in ``batch``; returns the tree.
 
-        The stat index learns the files read once the batch is committed.
+        The stat index learns the files read once the batch is committed. Garbage collection
+        is paused from here until the batch is finished (see ``heap``): a full scan makes a
+        long-lived object or three per file.
         """
-        indexed = self.index.for_root(workspace.root)
-        tally = ScanTally()
-        with workspace.root_fd() as root_fd:
-            tree = self.scan(os.dup(root_fd), "", rules, max_file_size, batch, indexed, tally, on_dir)
-        stale = [path for path in indexed.paths() if path not in tally.seen]
-        self.remember(batch, indexed, tally.fresh, stale)
+        heap.pause()
+        try:
+            indexed = self.index.for_root(workspace.root)
+            tally = ScanTally()
+            with workspace.root_fd() as root_fd:
+                tree = self.scan(os.dup(root_fd), "", rules, max_file_size, batch, indexed, tally, on_dir)
+            stale = [path for path in indexed.paths() if path not in tally.seen]
+            self.remember(batch, indexed, tally.fresh, stale)
+        except BaseException:
+            heap.resume()
+            raise
+        if not when_finished(batch, lambda _committed: heap.resume()):
+            heap.resume()
         return CaptureResult(tree, tally.file_count, tally.total_size, sorted(tally.skipped, key=_by_path))
 
     @staticmethod

@@ -776,8 +776,21 @@ class Batch:
 
     def _finish(self, committed: bool) -> None:
         callbacks, self._finished = self._finished, []
-        for callback in callbacks:
+        run_finish_callbacks(callbacks, committed)
+
+
+def run_finish_callbacks(callbacks: list[Callable[[bool], None]], committed: bool) -> None:
+    """Calls every callback of a finished batch, even after one has raised (each releases
+    something of its own: a lock, a paused collector), then raises the first error."""
+    error: BaseException | None = None
+    for callback in callbacks:
+        try:
             callback(committed)
+        except BaseException as exc:
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
 
 
 def _read_all(fd: int, expected_size: int = _CHUNK) -> bytes:
