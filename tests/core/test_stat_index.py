@@ -1,0 +1,50 @@
+"""The persisted stat index (core.index): what a capture learned survives a restart, in any
+order it was learned, and a bulk update leaves no long write-ahead log for the next one."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from checkpointd.core.index import BULK_UPDATE_ROWS, Indexed, StatIndex
+
+
+def _entries(count: int) -> dict[str, Indexed]:
+    rng = random.Random(7)
+    paths = [f"dir{rng.randrange(50)}/file{n}.txt" for n in range(count)]
+    rng.shuffle(paths)
+    return {path: Indexed(n, 10 + n, 20 + n, 30 + n, f"{n:064x}", 40 + n) for n, path in enumerate(paths)}
+
+
+def test_a_bulk_update_is_read_back_after_a_restart_and_empties_the_log(tmp_path):
+    path = tmp_path / "stat-index.sqlite"
+    entries = _entries(BULK_UPDATE_ROWS)
+    index = StatIndex(path)
+    index.for_root("/workspace").update(entries)
+    assert os.path.getsize(f"{path}-wal") == 0
+    index.close()
+
+    reopened = StatIndex(path)
+    try:
+        assert reopened.for_root("/workspace").entries == entries
+    finally:
+        reopened.close()
+
+
+def test_small_updates_and_removals_are_read_back_after_a_restart(tmp_path):
+    path = tmp_path / "stat-index.sqlite"
+    entries = _entries(10)
+    index = StatIndex(path)
+    root = index.for_root("/workspace")
+    root.update(entries)
+    gone, changed = sorted(entries)[:2]
+    root.update({changed: entries[changed]._replace(size=999)}, removed=[gone])
+    index.close()
+
+    expected = {**entries, changed: entries[changed]._replace(size=999)}
+    del expected[gone]
+    reopened = StatIndex(path)
+    try:
+        assert reopened.for_root("/workspace").entries == expected
+    finally:
+        reopened.close()
