@@ -9,10 +9,10 @@ a 7 s checkpoint, spent finding no garbage. Two measures:
 - ``freeze_startup_heap``: what exists once the server is built lives as long as the
   process; it is moved out of the collector's sight (``gc.freeze``), as the documentation
   of ``gc.freeze`` suggests for long-running servers.
-- ``paused_collection``: while a full scan builds its objects, automatic collection is off
-  (process-wide; nested and concurrent pauses are counted). When the last pause ends after
-  many allocations, one full collection runs (so no cyclic garbage is kept) and the
-  survivors are frozen too, so no later small request pays for visiting them.
+- ``pause``/``resume``: while a workspace's first capture builds its objects, automatic
+  collection is off (process-wide; nested and concurrent pauses are counted). When the last
+  pause ends after many allocations, one full collection runs (so no cyclic garbage is kept)
+  and the survivors are frozen too, so no later small request pays for visiting them.
 
 Frozen objects are still freed by reference counting when they are dropped; only cycles
 among them would outlive their use, and the collection before each freeze leaves none.

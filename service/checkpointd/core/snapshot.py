@@ -144,22 +144,27 @@ class Snapshotter:
                 on_dir: DirectoryHook | None = None) -> CaptureResult:
         """Stores every captured file of the workspace in ``batch``; returns the tree.
 
-        The stat index learns the files read once the batch is committed. Garbage collection
-        is paused from here until the batch is finished (see ``heap``): a full scan makes a
-        long-lived object or three per file.
+        The stat index learns the files read once the batch is committed. A workspace's first
+        capture (its stat index is empty) makes a long-lived object or three per file, so garbage
+        collection is paused from here until its batch is finished (see ``heap``). Later full
+        scans mostly replace objects: they leave the collector alone, so that scans following
+        each other (the watcher off) never keep it paused.
         """
-        heap.pause()
+        indexed = self.index.for_root(workspace.root)
+        first = not indexed.entries
+        if first:
+            heap.pause()
         try:
-            indexed = self.index.for_root(workspace.root)
             tally = ScanTally()
             with workspace.root_fd() as root_fd:
                 tree = self.scan(os.dup(root_fd), "", rules, max_file_size, batch, indexed, tally, on_dir)
             stale = [path for path in indexed.paths() if path not in tally.seen]
             self.remember(batch, indexed, tally.fresh, stale)
         except BaseException:
-            heap.resume()
+            if first:
+                heap.resume()
             raise
-        if not when_finished(batch, lambda _committed: heap.resume()):
+        if first and not when_finished(batch, lambda _committed: heap.resume()):
             heap.resume()
         return CaptureResult(tree, tally.file_count, tally.total_size, sorted(tally.skipped, key=_by_path))
 
