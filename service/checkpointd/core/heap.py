@@ -6,16 +6,18 @@ adds some 300k long-lived objects (tree entries, store locations, stat index ent
 100k that importing the server leaves, so six full collections ran inside it: 0.6-0.7 s of
 a 7 s checkpoint, spent finding no garbage. Two measures:
 
-- ``freeze_startup_heap``: what exists once the server is built lives as long as the
-  process; it is moved out of the collector's sight (``gc.freeze``), as the documentation
-  of ``gc.freeze`` suggests for long-running servers.
+- ``freeze_startup_heap``: what exists once the server is built (modules, classes, the
+  store's index of its objects) lives as long as the process; it is moved out of the
+  collector's sight (``gc.freeze``).
 - ``pause``/``resume``: while a workspace's first capture builds its objects, automatic
   collection is off (process-wide; nested and concurrent pauses are counted). When the last
   pause ends after many allocations, one full collection runs (so no cyclic garbage is kept)
   and the survivors are frozen too, so no later small request pays for visiting them.
 
-Frozen objects are still freed by reference counting when they are dropped; only cycles
-among them would outlive their use, and the collection before each freeze leaves none.
+Frozen objects are still freed by reference counting when they are dropped. A cycle among
+frozen objects that becomes garbage later is never collected: what gets frozen here (tree
+entries, store locations, stat index entries) forms none, and the collection before each
+freeze leaves no garbage cycle to be frozen.
 """
 
 from __future__ import annotations
