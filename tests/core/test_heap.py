@@ -4,8 +4,10 @@ collection (so no cyclic garbage is kept) and the survivors frozen."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,6 +17,15 @@ from checkpointd.core import heap
 class Node:
     def __init__(self) -> None:
         self.partner: Node | None = None
+
+
+@contextlib.contextmanager
+def paused_collection() -> Iterator[None]:
+    heap.pause()
+    try:
+        yield
+    finally:
+        heap.resume()
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +41,7 @@ def _collector_restored():
 
 def test_collection_is_off_until_the_last_of_nested_pauses_ends():
     gc.enable()
-    with heap.paused_collection():
+    with paused_collection():
         assert not gc.isenabled()
         heap.pause()
         heap.resume()
@@ -40,7 +51,7 @@ def test_collection_is_off_until_the_last_of_nested_pauses_ends():
 
 def test_a_collector_that_was_off_stays_off():
     gc.disable()
-    with heap.paused_collection():
+    with paused_collection():
         pass
     assert not gc.isenabled()
 
@@ -58,7 +69,7 @@ def _cycle() -> weakref.ref:
 
 def test_a_pause_that_allocated_much_collects_its_cycles_and_freezes_the_survivors():
     frozen_before = gc.get_freeze_count()
-    with heap.paused_collection():
+    with paused_collection():
         garbage = _cycle()
         survivors = [Node() for _ in range(heap.FREEZE_AFTER_ALLOCATIONS + 1000)]
         assert garbage() is not None  # unreachable, but nothing collected it yet
@@ -69,7 +80,7 @@ def test_a_pause_that_allocated_much_collects_its_cycles_and_freezes_the_survivo
 def test_a_small_pause_leaves_its_objects_to_ordinary_collections():
     gc.collect()
     frozen_before = gc.get_freeze_count()
-    with heap.paused_collection():
+    with paused_collection():
         survivors = [Node() for _ in range(100)]
     assert gc.get_freeze_count() == frozen_before
     assert len(survivors) == 100

@@ -22,10 +22,8 @@ freeze leaves no garbage cycle to be frozen.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
-from collections.abc import Iterator
 
 #: Net tracked allocations during a pause beyond which its end collects and freezes. Below it,
 #: the objects are left to the ordinary young-generation collections.
@@ -66,12 +64,3 @@ def resume() -> None:
             gc.freeze()
         if _resume_enabled:
             gc.enable()
-
-
-@contextlib.contextmanager
-def paused_collection() -> Iterator[None]:
-    pause()
-    try:
-        yield
-    finally:
-        resume()
