@@ -320,9 +320,13 @@ class Run:
                 shutil.rmtree(path, ignore_errors=True)
 
     def wait_for_deletions(self) -> None:
+        """Waits for background deletions, then for the kernel to write back every dirty page
+        (theirs, a just-generated workspace's), so that the next phase's fsyncs and reads do not
+        queue behind write-back that neither measured system caused."""
         for deletion in self._deletions:
             deletion.wait()
         self._deletions.clear()
+        os.sync()
 
     def close(self) -> None:
         self.stop_server()
@@ -752,7 +756,19 @@ def _notes(result: MetricResult) -> str:
     ours = result.series[CHECKPOINTD].value
     if floor is not None and floor.value and ours:
         notes.append(f"a do-nothing grpcio server: {floor.value:,.0f}/s (ours {ours / floor.value:.0%} of it)")
+        costs = [cost for cost in (_server_us_per_call(result.series[CHECKPOINTD]), _server_us_per_call(floor))
+                 if cost is not None]
+        if len(costs) == 2:
+            notes.append(f"server CPU per call: ours {costs[0]:.0f} µs, the floor's {costs[1]:.0f} µs")
     return "; ".join(notes)
+
+
+def _server_us_per_call(series: Series) -> float | None:
+    """Median over rounds of the server's CPU time per call, from each round's cores and rate."""
+    cores = series.extra.get("server_cpu_cores", [])
+    if not cores or len(cores) != len(series.samples):
+        return None
+    return median(core / rate * 1e6 for core, rate in zip(cores, series.samples, strict=True))
 
 
 def floor_summary(results: list[MetricResult]) -> str:
