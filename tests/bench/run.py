@@ -272,6 +272,13 @@ class Run:
     def settle(self) -> None:
         time.sleep(self.options.settle_seconds)
 
+    @staticmethod
+    def flush_disk() -> None:
+        """Writes back every dirty page before a timed step (outside its timing): git writes its
+        objects and index without syncing, and their write-back would otherwise run during the
+        next step, into whose fsyncs (checkpointd makes one or two per checkpoint) it queues."""
+        os.sync()
+
     def fresh_server(self) -> CheckpointdServer:
         """Stops the current server (dropping its store) and starts one on an empty data dir."""
         self.stop_server()
@@ -430,11 +437,13 @@ class SizeBench:
             self.editors[system].modify()
         if system == GIT:
             self._quiet_server_before_git(series)
+            self.run.flush_disk()
             _, tree, seconds = self.git.checkpoint("step")
             background = self.git.wait_for_background()
             if background.seconds:
                 series.background.append(background.to_json())
         else:
+            self.run.flush_disk()
             checkpoint, seconds = self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "step")
             tree = checkpoint.tree_digest
         changed = tree != self.last_tree.get(system)
@@ -485,9 +494,11 @@ class SizeBench:
             self.git.checkpoint("after edit")
             self.git.wait_for_background()
             self._quiet_server_before_git(series)
+            self.run.flush_disk()
             seconds = self.git.restore(target_id)
         else:
             self.run.client.checkpoint(self.plan_id, self.workspace(CHECKPOINTD), "after edit")
+            self.run.flush_disk()
             reply, seconds = self.run.client.rollback(self.plan_id, target_id)
             series.extra.setdefault("reported_changes", []).append(len(reply.changes))
         self.editors[system].rolled_back(delta)
