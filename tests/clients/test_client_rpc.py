@@ -163,6 +163,15 @@ def test_malformed_targets_are_refused_before_dialing(address: str) -> None:
         validate_target(address)
 
 
+def test_tls_options_that_cannot_work_are_refused_before_dialing() -> None:
+    credentials = grpc.ssl_channel_credentials()
+    with pytest.raises(ValueError, match="unix sockets in plaintext"):
+        open_channel("unix:///run/checkpointd.sock", credentials=credentials)
+    with pytest.raises(ValueError, match="TLS only"):
+        open_channel("127.0.0.1:50051", server_name="localhost")
+    open_channel("127.0.0.1:50051", credentials=credentials, server_name="localhost").close()
+
+
 def test_retry_policy_retries_unary_calls_on_unavailable_only() -> None:
     (method_config,) = json.loads(retry_service_config())["methodConfig"]
 

@@ -16,6 +16,7 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
+from checkpointd_client import Checkpointd, CheckpointdRpcError
 from tests.conftest import free_port
 from tests.helpers import error_info
 from tests.ops.conftest import TOKEN, run_cli, server_exit, wait_until
@@ -185,3 +186,39 @@ def test_tls_options_are_checked_at_start(short_tmp, pki):
     half = server_exit(["--tls-cert", str(pki.server_cert), "--listen", f"127.0.0.1:{free_port()}",
                         "--data-dir", str(short_tmp / "tls-half")])
     assert half.returncode == 2 and "go together" in half.stderr
+
+
+def test_python_client_over_mutual_tls(ops_server, pki):
+    """The typed client and its config watcher work over TLS with a client certificate, check
+    the server's name, and get UNAVAILABLE (not a hang, not plaintext) when TLS is missing."""
+    server = ops_server("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+                        "--tls-client-ca", str(pki.ca), credentials=pki.channel_credentials(with_client_cert=True))
+    plan_id = str(ULID())
+    with Checkpointd(server.tcp_target, credentials=pki.channel_credentials(with_client_cert=True),
+                     server_name="localhost", deadline_s=10) as agent:
+        assert agent.settings.fetched, "the config watcher read nothing over TLS"
+        created = agent.checkpoints.create_checkpoint(plan_id, description="over mTLS", state=b"s")
+        assert [c.checkpoint_id for c in agent.checkpoints.list_checkpoints(plan_id)] == [created.checkpoint_id]
+    refused = {
+        "plaintext": {},
+        "no client certificate": {"credentials": pki.channel_credentials(with_client_cert=False)},
+        "another name in the certificate": {"credentials": pki.channel_credentials(with_client_cert=True),
+                                            "server_name": "elsewhere.example"},
+    }
+    for why, options in refused.items():
+        with Checkpointd(server.tcp_target, watch_config=False, deadline_s=5, **options) as agent:
+            with pytest.raises(CheckpointdRpcError) as caught:
+                agent.checkpoints.list_checkpoints(plan_id)
+            assert caught.value.code is grpc.StatusCode.UNAVAILABLE, why
+
+
+def test_cli_refuses_tls_options_that_cannot_work_in_one_line(pki, short_tmp):
+    cases = {
+        ("--target", "foo"): "target must be host:port",
+        ("--target", f"unix://{short_tmp}/x.sock", "--tls-ca", str(pki.ca)): "unix sockets in plaintext",
+        ("--target", "127.0.0.1:1", "--tls-server-name", "localhost"): "--tls-server-name needs TLS",
+    }
+    for options, message in cases.items():
+        refused = run_cli("ls", str(ULID()), *options)
+        assert refused.returncode == 1, (options, refused.stderr)
+        assert message in refused.stderr and "Traceback" not in refused.stderr, (options, refused.stderr)

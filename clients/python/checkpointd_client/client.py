@@ -84,19 +84,39 @@ def validate_target(target: str) -> str:
     return target
 
 
-def open_channel(target: str, *, max_attempts: int = RETRY_MAX_ATTEMPTS) -> grpc.Channel:
-    """An insecure channel to checkpointd with the UNAVAILABLE-only retry policy."""
-    return grpc.insecure_channel(
-        validate_target(target),
-        options=[
-            ("grpc.enable_retries", 1),
-            ("grpc.service_config", retry_service_config(max_attempts)),
-            # checkpointd is a nearby sidecar: after a restart, reconnect within a second rather
-            # than gRPC's default exponential backoff of up to two minutes.
-            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
-            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
-        ],
-    )
+def open_channel(
+    target: str,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    server_name: str | None = None,
+    max_attempts: int = RETRY_MAX_ATTEMPTS,
+) -> grpc.Channel:
+    """A channel to checkpointd with the UNAVAILABLE-only retry policy.
+
+    Plaintext unless ``credentials`` are given (``grpc.ssl_channel_credentials``: the CA that
+    signed the server's certificate, and a client certificate where the server requires one).
+    ``server_name`` is the name to check the server's certificate against when it differs from
+    the dialed host. Unix sockets are always served in plaintext (their file permissions guard
+    them), so TLS options on a unix target are refused rather than left to fail the handshake.
+    """
+    target = validate_target(target)
+    if credentials is None and server_name is not None:
+        raise ValueError("server_name applies to TLS only: pass credentials too")
+    if credentials is not None and target.startswith("unix:"):
+        raise ValueError(f"checkpointd serves unix sockets in plaintext; connect to {target} without credentials")
+    options: list[tuple[str, object]] = [
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", retry_service_config(max_attempts)),
+        # checkpointd is a nearby sidecar: after a restart, reconnect within a second rather
+        # than gRPC's default exponential backoff of up to two minutes.
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+    ]
+    if credentials is None:
+        return grpc.insecure_channel(target, options=options)
+    if server_name is not None:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(target, credentials, options=options)
 
 
 def new_request_id() -> str:

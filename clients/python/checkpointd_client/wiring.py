@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Self
 
+import grpc
+
 from checkpointd_client.client import DEFAULT_DEADLINE_S, CheckpointClient, ConfigClient, open_channel
 from checkpointd_client.interceptors import (
     ExecutorCheckpointInterceptor,
@@ -20,6 +22,8 @@ class Checkpointd:
 
     `target` is "host:port" or "unix:///absolute/path". With `watch_config=False` the server's
     settings are never read and the registry defaults apply (useful for plain client use).
+    `credentials` and `server_name` connect over TLS (see `open_channel`); `token` is the
+    server's bearer token.
     """
 
     def __init__(
@@ -27,12 +31,14 @@ class Checkpointd:
         target: str,
         *,
         token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
         watch_config: bool = True,
         plan_id: str = "",
     ) -> None:
         self.target = target
-        self.channel = open_channel(target)
+        self.channel = open_channel(target, credentials=credentials, server_name=server_name)
         self.checkpoints = CheckpointClient(self.channel, deadline_s=deadline_s, token=token)
         self.config = ConfigClient(self.channel, deadline_s=deadline_s, token=token)
         self.settings = CheckpointConfigWatcher(self.config, plan_id=plan_id)

@@ -10,8 +10,7 @@ from pathlib import Path
 import grpc
 
 from checkpointd.defaults import default_target
-from checkpointd_client import CheckpointClient, ConfigClient, open_channel, retry_service_config
-from checkpointd_client.client import validate_target
+from checkpointd_client import CheckpointClient, ConfigClient, open_channel
 
 
 class ConnectionOptionsError(ValueError):
@@ -32,19 +31,22 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _channel(args: argparse.Namespace, target: str) -> grpc.Channel:
-    if args.tls_ca is None and args.tls_cert is None:
-        return open_channel(target)
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ConnectionOptionsError("--tls-cert and --tls-key go together")
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(args.tls_ca, "CA certificate") if args.tls_ca else None,
-        private_key=_read(args.tls_key, "client key") if args.tls_key else None,
-        certificate_chain=_read(args.tls_cert, "client certificate") if args.tls_cert else None,
-    )
-    options = [("grpc.enable_retries", 1), ("grpc.service_config", retry_service_config())]
-    if args.tls_server_name:
-        options.append(("grpc.ssl_target_name_override", args.tls_server_name))
-    return grpc.secure_channel(validate_target(target), credentials, options=options)
+    credentials = None
+    if args.tls_ca is not None or args.tls_cert is not None:
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ConnectionOptionsError("--tls-cert and --tls-key go together")
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(args.tls_ca, "CA certificate") if args.tls_ca else None,
+            private_key=_read(args.tls_key, "client key") if args.tls_key else None,
+            certificate_chain=_read(args.tls_cert, "client certificate") if args.tls_cert else None,
+        )
+    elif args.tls_server_name:
+        raise ConnectionOptionsError("--tls-server-name needs TLS: give --tls-ca (or --tls-cert and --tls-key)")
+    try:
+        return open_channel(target, credentials=credentials, server_name=args.tls_server_name or None)
+    except ValueError as exc:
+        # A target or TLS combination the client refuses: one line, as for any other bad option.
+        raise ConnectionOptionsError(str(exc)) from None
 
 
 @dataclass
