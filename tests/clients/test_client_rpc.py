@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import grpc
@@ -124,6 +125,31 @@ def test_diff_rollback_and_delete(checkpointd: Checkpointd, workspace: Path, pla
     with pytest.raises(CheckpointdRpcError) as gone:
         client.get_checkpoint(target.checkpoint_id)
     assert gone.value.reason == "CHECKPOINT_NOT_FOUND"
+
+
+def test_paths_may_be_bytes_for_names_that_are_not_utf8(checkpointd: Checkpointd, workspace: Path,
+                                                        plan_id: str) -> None:
+    client = checkpointd.checkpoints
+    latin1 = os.path.join(os.fsencode(workspace), b"caf\xe9.txt")
+    with open(latin1, "wb") as f:
+        f.write(b"v1")
+    (workspace / "other.txt").write_text("v1")
+    base = client.create_checkpoint(plan_id, workspace_root=workspace)
+    with open(latin1, "wb") as f:
+        f.write(b"v2")
+    (workspace / "other.txt").write_text("v2")
+
+    (change,) = client.diff_checkpoints(base.checkpoint_id, paths=[b"caf\xe9.txt"])
+    restored = client.rollback(plan_id, base.checkpoint_id, paths=[change.raw_path])
+
+    assert (change.path, change.raw_path) == ("caf\\xe9.txt", b"caf\xe9.txt")
+    assert [c.raw_path for c in restored.changes] == [b"caf\xe9.txt"]
+    assert Path(os.fsdecode(latin1)).read_bytes() == b"v1"
+    assert (workspace / "other.txt").read_text() == "v2"
+    for not_a_path_list in ([Path("other.txt")], "other.txt"):
+        with pytest.raises(TypeError):
+            client.rollback(plan_id, base.checkpoint_id, paths=not_a_path_list)
+    assert (workspace / "other.txt").read_text() == "v2"
 
 
 def test_config_client_reads_and_overrides_per_plan(checkpointd: Checkpointd, plan_id: str) -> None:

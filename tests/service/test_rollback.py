@@ -243,6 +243,61 @@ def test_path_subset_restores_only_those_paths(cp):
     assert (cp.root / "b/two.txt").read_text() == "changed"
 
 
+def test_names_that_are_not_utf8_are_named_by_their_raw_bytes(cp):
+    """A Latin-1 name and a name that spells its escape literally read the same as text;
+    raw_path tells them apart, and raw_paths restores exactly the one asked for."""
+    root = os.fsencode(cp.root)
+    latin1, literal = b"caf\xe9.txt", rb"caf\xe9.txt"
+    for name, content in ((latin1, b"latin-1 v1"), (literal, b"literal v1"), (b"other.txt", b"other v1")):
+        write(cp.root, os.fsdecode(name), content)
+    target = cp.create()
+    for name in (latin1, literal, b"other.txt"):
+        with open(os.path.join(root, name), "ab") as f:
+            f.write(b" changed")
+    live = cp.stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=target.checkpoint_id)).changes
+    assert sorted((c.path, c.raw_path) for c in live) == [
+        ("caf\\xe9.txt", b""), ("caf\\xe9.txt", latin1), ("other.txt", b"")]
+
+    reply = cp.rollback(target, raw_paths=[latin1])
+    assert [(c.path, c.raw_path) for c in reply.changes] == [("caf\\xe9.txt", latin1)]
+    assert (cp.root / os.fsdecode(latin1)).read_bytes() == b"latin-1 v1"
+    assert (cp.root / os.fsdecode(literal)).read_bytes() == b"literal v1 changed"
+    reply = cp.rollback(target, paths=["caf\\xe9.txt"])
+    assert [(c.path, c.raw_path) for c in reply.changes] == [("caf\\xe9.txt", b"")]
+    assert (cp.root / os.fsdecode(literal)).read_bytes() == b"literal v1"
+    assert (cp.root / "other.txt").read_bytes() == b"other v1 changed"
+
+
+def test_raw_paths_are_validated_like_paths(cp):
+    target = cp.create()
+    for raw in (b"../outside", b"a/\x00b", b"/abs", b"\xff/../x", b""):
+        with pytest.raises(grpc.RpcError) as caught:
+            cp.rollback(target, raw_paths=[raw])
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raw
+        assert error_info(caught.value).reason == "INVALID_PATH", raw
+
+
+def test_a_conflict_at_a_name_that_is_not_utf8_is_reported_with_its_escapes(cp):
+    """The error names the path; bytes a proto string cannot carry travel as escapes, never as
+    an UNKNOWN status from a failed conversion."""
+    root = os.fsencode(cp.root)
+    write(cp.root, ".gitignore", "*.cache\n")
+    with open(os.path.join(root, b"thing\xff"), "wb") as f:
+        f.write(b"a file")
+    target = cp.create()
+    os.unlink(os.path.join(root, b"thing\xff"))
+    os.mkdir(os.path.join(root, b"thing\xff"))
+    with open(os.path.join(root, b"thing\xff", b"data.cache"), "wb") as f:
+        f.write(b"ignored, never captured")
+    before = tree_state(cp.root)
+    with pytest.raises(grpc.RpcError) as caught:
+        cp.rollback(target)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = error_info(caught.value)
+    assert info.reason == "ROLLBACK_CONFLICT" and info.metadata["path"] == "thing\\xff"
+    assert tree_state(cp.root) == before
+
+
 def test_dry_run_reports_and_changes_nothing(cp):
     write(cp.root, "a.txt", "v1")
     target = cp.create()

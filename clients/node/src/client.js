@@ -69,7 +69,8 @@ const SERVICE_CONFIG = JSON.stringify({
 
 /**
  * @typedef {object} FileChange
- * @property {string} path
+ * @property {string} path Undecodable bytes of a name that is not UTF-8 show as \xNN escapes.
+ * @property {Buffer} rawPath The exact bytes of such a name; empty for a UTF-8 one.
  * @property {string} kind "added" | "modified" | "deleted" | "type_changed".
  * @property {string|null} baseType "file" | "symlink" | "directory", null when absent.
  * @property {string|null} targetType
@@ -230,6 +231,8 @@ class CheckpointdClient {
    * @param {object} [options]
    * @param {string} [options.targetCheckpointId] Omitted: the plan's live workspace.
    * @param {string[]} [options.paths] Only these workspace-relative paths (and what is under them).
+   * @param {Uint8Array[]} [options.rawPaths] More such paths as bytes, for names that are not UTF-8
+   *   (a FileChange's rawPath).
    * @param {number} [options.deadlineMs]
    * @returns {Promise<FileChange[]>}
    */
@@ -238,6 +241,7 @@ class CheckpointdClient {
       baseCheckpointId,
       targetCheckpointId: options.targetCheckpointId ?? '',
       paths: options.paths ?? [],
+      rawPaths: (options.rawPaths ?? []).map((p) => Buffer.from(p)),
     };
     const response = await this.unary(this.checkpoints, 'DiffCheckpoints', request, options);
     return response.changes.map((c) => this.toFileChange(c));
@@ -250,7 +254,8 @@ class CheckpointdClient {
    * @param {string} checkpointId
    * @param {object} [options]
    * @param {"files"|"state"|"files_and_state"} [options.scope] Both when omitted.
-   * @param {string[]} [options.paths]
+   * @param {string[]} [options.paths] Restore only these workspace-relative paths.
+   * @param {Uint8Array[]} [options.rawPaths] More such paths as bytes (see diffCheckpoints).
    * @param {boolean} [options.dryRun]
    * @param {Uint8Array} [options.currentState]
    * @param {string} [options.requestId] Idempotency key; a fresh UUID when omitted.
@@ -263,6 +268,7 @@ class CheckpointdClient {
       checkpointId,
       scope: options.scope === undefined ? 'ROLLBACK_SCOPE_UNSPECIFIED' : this.vocabulary.toWire('RollbackScope', options.scope),
       paths: options.paths ?? [],
+      rawPaths: (options.rawPaths ?? []).map((p) => Buffer.from(p)),
       dryRun: options.dryRun ?? false,
       currentState: options.currentState ? Buffer.from(options.currentState) : Buffer.alloc(0),
       requestId: options.requestId ?? randomUUID(),

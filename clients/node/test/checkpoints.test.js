@@ -157,6 +157,26 @@ for (const transport of ['tcp', 'unix']) {
       assert.equal(fs.readFileSync(path.join(workspace, 'junk.txt'), 'utf8'), 'junk');
     });
 
+    test('a name that is not UTF-8 comes back as rawPath and can be restored by it alone', async () => {
+      const planId = newUlid();
+      const workspace = server.newWorkspace();
+      const latin1 = Buffer.from([0x63, 0x61, 0x66, 0xe9, 0x2e, 0x74, 0x78, 0x74]); // "café.txt" in Latin-1
+      const latin1File = Buffer.concat([Buffer.from(`${workspace}/`), latin1]);
+      fs.writeFileSync(latin1File, 'v1');
+      write(workspace, 'other.txt', 'v1');
+      const base = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+      fs.writeFileSync(latin1File, 'v2');
+      write(workspace, 'other.txt', 'v2');
+
+      const [change] = await client.diffCheckpoints(base.checkpointId, { rawPaths: [latin1] });
+      assert.equal(change.path, 'caf\\xe9.txt');
+      assert.deepEqual(Buffer.from(change.rawPath), latin1);
+      const done = await client.rollback(planId, base.checkpointId, { rawPaths: [change.rawPath] });
+      assert.deepEqual(done.changes.map((c) => c.path), ['caf\\xe9.txt']);
+      assert.equal(fs.readFileSync(latin1File, 'utf8'), 'v1');
+      assert.equal(fs.readFileSync(path.join(workspace, 'other.txt'), 'utf8'), 'v2');
+    });
+
     test('delete removes one checkpoint only', async () => {
       const planId = newUlid();
       const first = await client.createCheckpoint(planId);

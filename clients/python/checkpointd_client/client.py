@@ -220,12 +220,17 @@ class CheckpointClient:
         base_checkpoint_id: str,
         target_checkpoint_id: str = "",
         *,
-        paths: Sequence[str] = (),
+        paths: Sequence[str | bytes] = (),
         timeout: float | None = None,
     ) -> list[FileChange]:
-        """Paths that differ; an empty target means the plan's live workspace."""
+        """Paths that differ; an empty target means the plan's live workspace. A path given as
+        bytes may be one that is not valid UTF-8 (a `FileChange.raw_path`)."""
+        text_paths, raw_paths = _split_paths(paths)
         request = checkpoint_service_pb2.DiffCheckpointsRequest(
-            base_checkpoint_id=base_checkpoint_id, target_checkpoint_id=target_checkpoint_id, paths=paths
+            base_checkpoint_id=base_checkpoint_id,
+            target_checkpoint_id=target_checkpoint_id,
+            paths=text_paths,
+            raw_paths=raw_paths,
         )
         return list(self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout).changes)
 
@@ -235,23 +240,43 @@ class CheckpointClient:
         checkpoint_id: str,
         *,
         scope: RollbackScope = checkpoint_service_pb2.ROLLBACK_SCOPE_FILES_AND_STATE,
-        paths: Sequence[str] = (),
+        paths: Sequence[str | bytes] = (),
         dry_run: bool = False,
         current_state: bytes = b"",
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> RollbackResponse:
-        """Restore files and/or state; the server records a safety checkpoint first."""
+        """Restore files and/or state; the server records a safety checkpoint first. `paths`
+        limits the files restored; one given as bytes may be a name that is not valid UTF-8."""
+        text_paths, raw_paths = _split_paths(paths)
         request = checkpoint_service_pb2.RollbackRequest(
             plan_id=plan_id,
             checkpoint_id=checkpoint_id,
             scope=scope,
-            paths=paths,
+            paths=text_paths,
+            raw_paths=raw_paths,
             dry_run=dry_run,
             current_state=current_state,
             request_id=request_id or new_request_id(),
         )
         return self._rpc.unary("Rollback", self._stub.Rollback, request, timeout)
+
+
+def _split_paths(paths: Sequence[str | bytes]) -> tuple[list[str], list[bytes]]:
+    """Text paths for `paths`, byte paths (names that may not be UTF-8) for `raw_paths`."""
+    if isinstance(paths, str | bytes):
+        raise TypeError("paths must be a sequence of paths, not a single path")
+    text_paths: list[str] = []
+    raw_paths: list[bytes] = []
+    for path in paths:
+        if isinstance(path, str):
+            text_paths.append(path)
+        elif isinstance(path, bytes):
+            raw_paths.append(path)
+        else:
+            # Dropping it would widen a rollback to paths the caller did not name.
+            raise TypeError(f"a path must be str or bytes (workspace-relative), got {type(path).__name__}")
+    return text_paths, raw_paths
 
 
 def to_value(value: JsonValue) -> struct_pb2.Value:

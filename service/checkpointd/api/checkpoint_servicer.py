@@ -43,7 +43,7 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
 
     def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
         changes = self.checkpoints.diff(request.base_checkpoint_id, request.target_checkpoint_id,
-                                        tuple(request.paths))
+                                        convert.request_paths(request.paths, request.raw_paths))
         return pb.DiffCheckpointsResponse(changes=[convert.change(c) for c in changes])
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
@@ -52,7 +52,7 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             plan_id=request.plan_id,
             checkpoint_id=request.checkpoint_id,
             scope=scope,
-            paths=tuple(request.paths),
+            paths=convert.request_paths(request.paths, request.raw_paths),
             dry_run=request.dry_run,
             request_id=request.request_id,
             current_state=request.current_state,

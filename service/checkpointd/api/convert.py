@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -69,6 +70,21 @@ def text(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def raw_path(value: str) -> bytes:
+    """A path's exact bytes when they are not valid UTF-8 (its text form is lossy), else b""."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape")
+    return b""
+
+
+def request_paths(paths: Iterable[str], raw_paths: Iterable[bytes]) -> tuple[str, ...]:
+    """A request's paths and raw_paths as one tuple of domain paths (bytes that are not UTF-8
+    become surrogates, as the engine holds them)."""
+    return (*paths, *(raw.decode("utf-8", "surrogateescape") for raw in raw_paths))
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -119,9 +135,9 @@ def change(c: Change) -> pb.FileChange:
         kind = pb.CHANGE_KIND_TYPE_CHANGED
     else:
         kind = pb.CHANGE_KIND_MODIFIED
-    return pb.FileChange(path=text(c.path), kind=kind, base_type=base_type, target_type=target_type,
-                         base_size_bytes=base_size, target_size_bytes=target_size, base_mode=base_mode,
-                         target_mode=target_mode)
+    return pb.FileChange(path=text(c.path), raw_path=raw_path(c.path), kind=kind, base_type=base_type,
+                         target_type=target_type, base_size_bytes=base_size, target_size_bytes=target_size,
+                         base_mode=base_mode, target_mode=target_mode)
 
 
 def value_to_python(value: struct_pb2.Value, key: str) -> Any:

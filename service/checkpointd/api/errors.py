@@ -7,6 +7,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from checkpoint.v1 import errors_pb2
+from checkpointd.api.convert import text
 from checkpointd.core.errors import CheckpointdError, Kind, Reason
 
 DOMAIN = "checkpointd"
@@ -43,10 +44,13 @@ def status_code(kind: Kind) -> grpc.StatusCode:
 
 
 def rich_status(code: grpc.StatusCode, message: str, reason: str, metadata: dict[str, str]) -> status_pb2.Status:
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)
+    """The status with its ErrorInfo. Message and metadata may name a path that is not UTF-8
+    (held as surrogates), which a proto string cannot carry: such bytes travel as escapes."""
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN,
+                                       metadata={key: text(value) for key, value in metadata.items()})
     detail = any_pb2.Any()
     detail.Pack(info)
-    return status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
+    return status_pb2.Status(code=getattr(code_pb2, code.name), message=text(message), details=[detail])
 
 
 def to_status(error: CheckpointdError) -> status_pb2.Status:
