@@ -333,7 +333,7 @@ class Run:
         for deletion in self._deletions:
             deletion.wait()
         self._deletions.clear()
-        os.sync()
+        self.flush_disk()
 
     def close(self) -> None:
         self.stop_server()
