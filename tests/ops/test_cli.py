@@ -4,6 +4,7 @@ confirmation before a rollback, progress output, config, health."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from ulid import ULID
@@ -93,6 +94,23 @@ def test_rollback_shows_the_dry_run_and_asks_first(target, workspace, plan_id):
     assert result["applied"] and result["safety_checkpoint_id"]
     assert {c["path"] for c in result["dry_run"]} == {c["path"] for c in result["changes"]} == {"a.txt", "stray.txt"}
     assert tree_state(workspace) == edited
+
+
+def test_a_path_argument_that_is_not_utf8_names_that_file(tcp, workspace, plan_id):
+    latin1 = os.fsdecode(b"caf\xe9.txt")
+    (workspace / latin1).write_bytes(b"v1")
+    (workspace / "other.txt").write_text("v1")
+    checkpoint = _create(tcp, plan_id, workspace)
+    (workspace / latin1).write_bytes(b"v2")
+    (workspace / "other.txt").write_text("v2")
+
+    diff = run_cli("diff", checkpoint["checkpoint_id"], "--path", latin1, "--json", *tcp)
+    assert diff.returncode == 0, diff.stderr
+    assert [c["path"] for c in json.loads(diff.stdout)] == ["caf\\xe9.txt"]
+    restored = run_cli("rollback", plan_id, checkpoint["checkpoint_id"], "--path", latin1, "--yes", *tcp)
+    assert restored.returncode == 0, restored.stderr
+    assert (workspace / latin1).read_bytes() == b"v1"
+    assert (workspace / "other.txt").read_text() == "v2"
 
 
 def test_rollback_of_state_writes_it_out(tcp, workspace, plan_id, tmp_path):

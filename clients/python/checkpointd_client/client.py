@@ -263,16 +263,21 @@ class CheckpointClient:
 
 
 def _split_paths(paths: Sequence[str | bytes]) -> tuple[list[str], list[bytes]]:
-    """Text paths for `paths`, byte paths (names that may not be UTF-8) for `raw_paths`."""
+    """Text paths for `paths`, byte paths (names that may not be UTF-8) for `raw_paths`. A str
+    holding surrogates (how `os.fsdecode` and `sys.argv` carry such names) travels as its bytes."""
     if isinstance(paths, str | bytes):
         raise TypeError("paths must be a sequence of paths, not a single path")
     text_paths: list[str] = []
     raw_paths: list[bytes] = []
     for path in paths:
-        if isinstance(path, str):
-            text_paths.append(path)
-        elif isinstance(path, bytes):
+        if isinstance(path, bytes):
             raw_paths.append(path)
+        elif isinstance(path, str):
+            try:
+                path.encode("utf-8")
+                text_paths.append(path)
+            except UnicodeEncodeError:
+                raw_paths.append(path.encode("utf-8", "surrogateescape"))
         else:
             # Dropping it would widen a rollback to paths the caller did not name.
             raise TypeError(f"a path must be str or bytes (workspace-relative), got {type(path).__name__}")
