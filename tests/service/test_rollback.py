@@ -187,20 +187,24 @@ def test_type_changes_file_to_directory_and_back(cp):
     assert tree_state(cp.root) == before
 
 
-def test_directory_holding_unaccounted_files_is_a_conflict_and_nothing_changes(cp):
+@pytest.mark.parametrize(("name", "reported"), [("thing", "thing"), (os.fsdecode(b"thing\xff"), "thing\\xff")],
+                         ids=["utf8", "not-utf8"])
+def test_directory_holding_unaccounted_files_is_a_conflict_and_nothing_changes(cp, name, reported):
+    """The error names the path; bytes a proto string cannot carry travel as escapes (before,
+    such a name made the error's conversion fail and the caller got UNKNOWN)."""
     write(cp.root, ".gitignore", "*.cache\n")
-    write(cp.root, "thing", "a file")
+    write(cp.root, name, "a file")
     write(cp.root, "other.txt", "v1")
     target = cp.create()
-    (cp.root / "thing").unlink()
-    write(cp.root, "thing/data.cache", "ignored, never captured")
+    (cp.root / name).unlink()
+    write(cp.root, f"{name}/data.cache", "ignored, never captured")
     write(cp.root, "other.txt", "v2")
     before = tree_state(cp.root)
     with pytest.raises(grpc.RpcError) as caught:
         cp.rollback(target)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     info = error_info(caught.value)
-    assert info.reason == "ROLLBACK_CONFLICT" and info.metadata["path"] == "thing"
+    assert info.reason == "ROLLBACK_CONFLICT" and info.metadata["path"] == reported
     assert tree_state(cp.root) == before
 
 
@@ -275,27 +279,6 @@ def test_raw_paths_are_validated_like_paths(cp):
             cp.rollback(target, raw_paths=[raw])
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raw
         assert error_info(caught.value).reason == "INVALID_PATH", raw
-
-
-def test_a_conflict_at_a_name_that_is_not_utf8_is_reported_with_its_escapes(cp):
-    """The error names the path; bytes a proto string cannot carry travel as escapes, never as
-    an UNKNOWN status from a failed conversion."""
-    root = os.fsencode(cp.root)
-    write(cp.root, ".gitignore", "*.cache\n")
-    with open(os.path.join(root, b"thing\xff"), "wb") as f:
-        f.write(b"a file")
-    target = cp.create()
-    os.unlink(os.path.join(root, b"thing\xff"))
-    os.mkdir(os.path.join(root, b"thing\xff"))
-    with open(os.path.join(root, b"thing\xff", b"data.cache"), "wb") as f:
-        f.write(b"ignored, never captured")
-    before = tree_state(cp.root)
-    with pytest.raises(grpc.RpcError) as caught:
-        cp.rollback(target)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    info = error_info(caught.value)
-    assert info.reason == "ROLLBACK_CONFLICT" and info.metadata["path"] == "thing\\xff"
-    assert tree_state(cp.root) == before
 
 
 def test_dry_run_reports_and_changes_nothing(cp):
