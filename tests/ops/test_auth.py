@@ -212,7 +212,7 @@ def test_python_client_over_mutual_tls(ops_server, pki):
             assert caught.value.code is grpc.StatusCode.UNAVAILABLE, why
 
 
-def test_cli_refuses_tls_options_that_cannot_work_in_one_line(pki, short_tmp):
+def test_cli_refuses_a_bad_target_or_tls_options_that_cannot_work_in_one_line(pki, short_tmp):
     cases = {
         ("--target", "foo"): "target must be host:port",
         ("--target", f"unix://{short_tmp}/x.sock", "--tls-ca", str(pki.ca)): "unix sockets in plaintext",
