@@ -1,10 +1,12 @@
 """The persisted stat index (core.index): what a capture learned survives a restart, in any
-order it was learned, and a bulk update leaves no long write-ahead log for the next one."""
+order it was learned, a bulk update leaves no long write-ahead log for the next one, and no
+update waits for the index's file."""
 
 from __future__ import annotations
 
 import os
 import random
+import threading
 
 from checkpointd.core.index import BULK_UPDATE_ROWS, Indexed, StatIndex
 
@@ -21,6 +23,7 @@ def test_a_bulk_update_is_read_back_after_a_restart_and_empties_the_log(tmp_path
     entries = _entries(BULK_UPDATE_ROWS)
     index = StatIndex(path)
     index.for_root("/workspace").update(entries)
+    index.flush()
     assert os.path.getsize(f"{path}-wal") == 0
     index.close()
 
@@ -43,6 +46,34 @@ def test_small_updates_and_removals_are_read_back_after_a_restart(tmp_path):
 
     expected = {**entries, changed: entries[changed]._replace(size=999)}
     del expected[gone]
+    reopened = StatIndex(path)
+    try:
+        assert reopened.for_root("/workspace").entries == expected
+    finally:
+        reopened.close()
+
+
+def test_an_update_does_not_wait_for_the_file_and_queued_updates_merge(tmp_path):
+    """While the writer is held up (its connection lock taken here), updates return at once and
+    pile up; what lands afterwards is their sum, path by path, removals included."""
+    path = tmp_path / "stat-index.sqlite"
+    entries = _entries(10)
+    index = StatIndex(path)
+    root = index.for_root("/workspace")
+    first, second = sorted(entries)[:2]
+    with index._db_lock:
+        updates = threading.Thread(target=lambda: (
+            root.update(entries),
+            root.update({first: entries[first]._replace(size=1)}, removed=[second]),
+            root.update({second: entries[second]._replace(size=2)}, removed=[first]),
+        ))
+        updates.start()
+        updates.join(timeout=10)
+        assert not updates.is_alive(), "an update waited for the index file"
+    index.close()
+
+    expected = {**entries, second: entries[second]._replace(size=2)}
+    del expected[first]
     reopened = StatIndex(path)
     try:
         assert reopened.for_root("/workspace").entries == expected

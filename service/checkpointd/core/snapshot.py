@@ -135,10 +135,12 @@ class Snapshotter:
         self._readers_min_files = readers_min_files
 
     def close(self) -> None:
-        """Stops the reader processes and threads (captures must be over)."""
+        """Stops the reader processes and threads (captures must be over), and writes out the
+        stat index's queued updates."""
         if self.readers is not None:
             self.readers.close()
         self._pool.shutdown(wait=False)
+        self.index.close()
 
     def capture(self, workspace: Workspace, rules: IgnoreRules, max_file_size: int, batch: Batch,
                 on_dir: DirectoryHook | None = None) -> CaptureResult:
