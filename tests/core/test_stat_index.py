@@ -18,6 +18,15 @@ def _entries(count: int) -> dict[str, Indexed]:
     return {path: Indexed(n, 10 + n, 20 + n, 30 + n, f"{n:064x}", 40 + n) for n, path in enumerate(paths)}
 
 
+def _read_back(path) -> dict[str, Indexed]:
+    """The entries a new index on ``path`` (a restarted server's) loads for the workspace."""
+    reopened = StatIndex(path)
+    try:
+        return reopened.for_root("/workspace").entries
+    finally:
+        reopened.close()
+
+
 def test_a_bulk_update_is_read_back_after_a_restart_and_empties_the_log(tmp_path):
     path = tmp_path / "stat-index.sqlite"
     entries = _entries(BULK_UPDATE_ROWS)
@@ -27,11 +36,7 @@ def test_a_bulk_update_is_read_back_after_a_restart_and_empties_the_log(tmp_path
     assert os.path.getsize(f"{path}-wal") == 0
     index.close()
 
-    reopened = StatIndex(path)
-    try:
-        assert reopened.for_root("/workspace").entries == entries
-    finally:
-        reopened.close()
+    assert _read_back(path) == entries
 
 
 def test_small_updates_and_removals_are_read_back_after_a_restart(tmp_path):
@@ -46,11 +51,7 @@ def test_small_updates_and_removals_are_read_back_after_a_restart(tmp_path):
 
     expected = {**entries, changed: entries[changed]._replace(size=999)}
     del expected[gone]
-    reopened = StatIndex(path)
-    try:
-        assert reopened.for_root("/workspace").entries == expected
-    finally:
-        reopened.close()
+    assert _read_back(path) == expected
 
 
 def test_an_update_does_not_wait_for_the_file_and_queued_updates_merge(tmp_path):
@@ -74,8 +75,4 @@ def test_an_update_does_not_wait_for_the_file_and_queued_updates_merge(tmp_path)
 
     expected = {**entries, second: entries[second]._replace(size=2)}
     del expected[first]
-    reopened = StatIndex(path)
-    try:
-        assert reopened.for_root("/workspace").entries == expected
-    finally:
-        reopened.close()
+    assert _read_back(path) == expected
