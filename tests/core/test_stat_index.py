@@ -76,3 +76,21 @@ def test_an_update_does_not_wait_for_the_file_and_queued_updates_merge(tmp_path)
     expected = {**entries, second: entries[second]._replace(size=2)}
     del expected[first]
     assert _read_back(path) == expected
+
+
+def test_loading_a_new_root_while_the_writer_works_holds_up_no_other_roots_update(tmp_path):
+    """A new workspace's index is read from the file, which waits for the writer; another
+    workspace's update meanwhile must still return at once."""
+    index = StatIndex(tmp_path / "stat-index.sqlite")
+    known = index.for_root("/known")
+    with index._db_lock:
+        loading = threading.Thread(target=index.for_root, args=("/new",))
+        loading.start()
+        loading.join(timeout=0.5)
+        assert loading.is_alive(), "the new root's read did not wait for the file"
+        update = threading.Thread(target=known.update, args=(_entries(3),))
+        update.start()
+        update.join(timeout=10)
+        assert not update.is_alive(), "an update queued behind another root's read"
+    loading.join(timeout=10)
+    index.close()

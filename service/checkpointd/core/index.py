@@ -111,7 +111,8 @@ class StatIndex:
 
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
-        self._lock = threading.RLock()
+        #: Guards the in-memory maps only; never held while the file is used.
+        self._lock = threading.Lock()
         self._by_root: dict[str, RootIndex] = {}
         #: Serializes use of the SQLite connection (the writer thread's, and loading a root).
         self._db_lock = threading.Lock()
@@ -148,12 +149,15 @@ class StatIndex:
         return None
 
     def for_root(self, root: str) -> RootIndex:
+        """The root's index, read from the file on first use. The read waits for the writer,
+        so it is done outside the map's lock: other roots' updates must not queue behind it."""
         with self._lock:
             index = self._by_root.get(root)
-            if index is None:
-                index = self._load(root)
-                self._by_root[root] = index
+        if index is not None:
             return index
+        loaded = self._load(root)
+        with self._lock:
+            return self._by_root.setdefault(root, loaded)
 
     def _load(self, root: str) -> RootIndex:
         with self._db_lock:
