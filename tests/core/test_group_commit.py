@@ -123,7 +123,8 @@ def test_a_caller_alone_is_written_at_once_and_sees_its_own_error(db):
 
 def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
     """On SQLite the group writer bypasses the ORM layer: its rows must read back byte for byte
-    like rows Core wrote (dates, JSON, NULLs), and it numbers checkpoints like Core does."""
+    like rows Core wrote (dates, JSON, NULLs), and it numbers checkpoints (reading a column of the
+    numbered row) like Core does."""
     database = Database(db_url)
     database.migrate()
     try:
@@ -140,9 +141,13 @@ def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
                     "state_digest": None, "state_size_bytes": 0, "skipped": [["a/b", "UNREADABLE", "x"]],
                     "ignore_patterns": ["*.log"], "excluded_paths": [], "rollback_target_checkpoint_id": None}
 
+        roots_read = []
+
         def write(rows, items):
-            numbers = rows.increment(plans.c.last_sequence, plans.c.plan_id, ["p1"])
-            rows.insert(checkpoints, [{**item, "sequence": numbers["p1"]} for item in items])
+            sequence, root = rows.increment(plans.c.last_sequence, plans.c.plan_id, ["p1"],
+                                            also=plans.c.workspace_root)["p1"]
+            roots_read.append(root)
+            rows.insert(checkpoints, [{**item, "sequence": sequence} for item in items])
 
         with database.engine.begin() as connection:
             write(CoreRows(connection), [record("by-core")])
@@ -155,6 +160,7 @@ def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
         by_core = dict(zip(columns, stored["by-core"], strict=True))
         by_group = dict(zip(columns, stored["by-group"], strict=True))
         assert (by_core.pop("sequence"), by_group.pop("sequence")) == (1, 2)
+        assert roots_read == ["/w", "/w"]
         assert by_group == by_core
     finally:
         database.dispose()

@@ -106,6 +106,24 @@ def test_a_request_id_sent_to_both_replicas_at_once_creates_one_checkpoint(two_r
     assert [c.sequence for c in list_all(first, plan_id)] == list(range(rounds, 0, -1))
 
 
+def test_a_root_recorded_through_one_replica_is_captured_by_the_other_that_knew_the_plan_without(two_replicas):
+    """A replica remembers a plan it has seen without a workspace root; a root the other replica
+    records afterwards must still reach its next checkpoints (the write checks the plan's row)."""
+    first, second, group = two_replicas
+    workspace = group.workspace()
+    (workspace / "a.txt").write_text("a")
+    plan_id = _ulid()
+    state_only = first.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, state=b"s1")).checkpoint
+    assert state_only.tree_digest == ""
+    rooted = second.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace),
+                                                                state=b"s2")).checkpoint
+    assert rooted.file_count == 1
+    for n, stub in enumerate((first, first, second)):
+        later = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, state=b"s%d" % n)).checkpoint
+        assert (later.sequence, later.file_count, later.tree_digest) == (3 + n, 1, rooted.tree_digest)
+    assert [c.sequence for c in list_all(first, plan_id)] == [5, 4, 3, 2, 1]
+
+
 def test_one_request_id_used_for_two_plans_at_once_succeeds_once(two_replicas):
     first, second, group = two_replicas
     rounds = 10

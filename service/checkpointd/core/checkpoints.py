@@ -124,6 +124,28 @@ def _operation(request_id: str, method: str, fingerprint: str, result: dict[str,
             "create_time": utcnow()}
 
 
+@dataclass(frozen=True, slots=True)
+class _CreateArguments:
+    """A validated CreateCheckpoint, as both attempts of ``Checkpoints.create`` record it."""
+
+    plan_id: str
+    request: CreateRequest
+    trigger: Trigger
+    phase: Phase
+    labels: dict[str, str]
+    request_id: str
+    fingerprint: str
+
+
+class _PlanRootRecorded(Exception):
+    """A checkpoint was captured for its plan as remembered, but the plan's row names another
+    workspace root: another replica recorded one meanwhile. Its transaction writes nothing."""
+
+    def __init__(self, plan_id: str) -> None:
+        super().__init__(f"plan {plan_id} has a workspace root recorded by another replica")
+        self.plan_id = plan_id
+
+
 @dataclass(slots=True)
 class _NewCheckpoint:
     record: CheckpointRecord
@@ -296,10 +318,16 @@ class Checkpoints:
         """Numbers and inserts new checkpoints of distinct plans (callers hold their plans' locks).
 
         Incrementing the plans' counters locks their rows (PostgreSQL) or the database (SQLite)
-        until the transaction ends, so a number is never handed out twice."""
-        numbers = rows.increment(_PLANS.c.last_sequence, _PLANS.c.plan_id, [n.record.plan_id for n in new])
+        until the transaction ends, so a number is never handed out twice. The same statement reads
+        each plan's workspace root, which the checkpoint must have been captured under (none for a
+        state-only one): a remembered plan is thereby checked without a read of its own."""
+        numbered = rows.increment(_PLANS.c.last_sequence, _PLANS.c.plan_id, [n.record.plan_id for n in new],
+                                  also=_PLANS.c.workspace_root)
         for item in new:
-            item.record.sequence = numbers[item.record.plan_id]
+            sequence, root = numbered[item.record.plan_id]
+            if root != item.record.workspace_root:
+                raise _PlanRootRecorded(item.record.plan_id)
+            item.record.sequence = sequence
         rows.insert(_CHECKPOINTS, [_record_values(n.record) for n in new])
         operations = [n.operation for n in new if n.operation is not None]
         if operations:
@@ -308,8 +336,9 @@ class Checkpoints:
     def _known_plan(self, plan_id: str, raw_root: str) -> KnownPlan:
         """The plan (created on first use, its workspace root recorded on first mention).
 
-        A plan whose root is recorded is remembered: the root never changes afterwards. On
-        SQLite, the only writer being this process, a plan without one is remembered too.
+        Plans are remembered. A recorded root never changes, but another replica may record one
+        for a plan remembered without; the checkpoint's write detects that (``_PlanRootRecorded``),
+        and ``create`` forgets the plan and captures again.
         """
         root = self._resolve_root(raw_root) if raw_root else None
         known = self._plans.get(plan_id)
@@ -322,8 +351,7 @@ class Checkpoints:
         with self.db.session() as session:
             plan = self._plan_row(session, plan_id, root)
             known = KnownPlan(plan.plan_id, plan.workspace_root)
-        if known.workspace_root is not None or self.db.is_sqlite:
-            self._plans[plan_id] = known
+        self._plans[plan_id] = known
         return known
 
     @staticmethod
@@ -408,29 +436,41 @@ class Checkpoints:
                     op = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
                     if op is not None:
                         return Checkpoint(self._load(session, op.result["checkpoint_id"]))
-            plan = self._known_plan(plan_id, req.workspace_root)
-            with self.store.batch() as batch:
-                capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
-                state_digest = batch.put_bytes(req.state) if req.state else None
-            crash_point(Point.CREATE_CAPTURED)
-            row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
-                                phase=phase.value, trigger=trigger.value, source_tool=req.source_tool,
-                                description=req.description, labels=labels)
-            operation = (_operation(request_id, "CreateCheckpoint", fingerprint, {"checkpoint_id": row.checkpoint_id})
-                         if request_id else None)
+            new = _CreateArguments(plan_id, req, trigger, phase, labels, request_id, fingerprint)
             try:
-                self._new_checkpoints.submit(_NewCheckpoint(row, operation))
-            except IntegrityError:
-                if not request_id:
+                return self._capture_and_record(new)
+            except _PlanRootRecorded:
+                # Another replica recorded the plan's root since this one remembered the plan. Read
+                # again under this plan's lock, the root cannot change before the second attempt.
+                self._plans.pop(plan_id, None)
+                return self._capture_and_record(new)
+
+    def _capture_and_record(self, new: _CreateArguments) -> Checkpoint:
+        """Captures the plan's workspace (if it has one) and records the checkpoint, under the plan's lock."""
+        req = new.request
+        plan = self._known_plan(new.plan_id, req.workspace_root)
+        with self.store.batch() as batch:
+            capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
+            state_digest = batch.put_bytes(req.state) if req.state else None
+        crash_point(Point.CREATE_CAPTURED)
+        row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
+                            phase=new.phase.value, trigger=new.trigger.value, source_tool=req.source_tool,
+                            description=req.description, labels=new.labels)
+        result = {"checkpoint_id": row.checkpoint_id}
+        operation = _operation(new.request_id, "CreateCheckpoint", new.fingerprint, result) if new.request_id else None
+        try:
+            self._new_checkpoints.submit(_NewCheckpoint(row, operation))
+        except IntegrityError:
+            if not new.request_id:
+                raise
+            # Another replica recorded the same request_id first: replay its checkpoint.
+            with self.db.session() as session:
+                winner = self._replayed(session, new.request_id, "CreateCheckpoint", new.fingerprint)
+                if winner is None:
                     raise
-                # Another replica recorded the same request_id first: replay its checkpoint.
-                with self.db.session() as session:
-                    winner = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
-                    if winner is None:
-                        raise
-                    return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
-            crash_point(Point.CREATE_COMMITTED)
-            return Checkpoint(row)
+                return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
+        crash_point(Point.CREATE_COMMITTED)
+        return Checkpoint(row)
 
     def get(self, checkpoint_id: str, with_state: bool = False) -> Checkpoint:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)

@@ -257,8 +257,10 @@ class Database:
 class RowWriter(Protocol):
     """The writes a group commit makes, on either database."""
 
-    def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
-        """Adds one to the integer ``counter`` in the rows whose ``key`` is in ``keys``; returns key -> new value."""
+    def increment(self, counter: Column, key: Column, keys: list[object],
+                  also: Column | None = None) -> dict[object, tuple[int, object]]:
+        """Adds one to the integer ``counter`` in the rows whose ``key`` is in ``keys``; returns key ->
+        (new value, the row's ``also`` column or None), read in the same statement."""
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
@@ -270,8 +272,10 @@ class CoreRows:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
-    def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
-        return dict(self.connection.execute(_increment_statement(counter, key, one_key=False), {"keys": keys}).all())
+    def increment(self, counter: Column, key: Column, keys: list[object],
+                  also: Column | None = None) -> dict[object, tuple[int, object]]:
+        result = self.connection.execute(_increment_statement(counter, key, also, one_key=False), {"keys": keys})
+        return {row[0]: (row[1], row[2] if also is not None else None) for row in result}
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         self.connection.execute(_insert_statement(table), rows)
@@ -281,14 +285,16 @@ class CoreRows:
 _STATEMENTS: dict[tuple[object, ...], Executable] = {}
 
 
-def _increment_statement(counter: Column, key: Column, *, one_key: bool) -> Executable:
+def _increment_statement(counter: Column, key: Column, also: Column | None, *, one_key: bool) -> Executable:
     """``counter = counter + 1`` in the row with ``:key`` (returning the new value), or in the
-    rows whose key is in ``:keys`` (returning key and value)."""
-    name = ("increment", counter.table.name, counter.name, key.name, one_key)
+    rows whose key is in ``:keys`` (returning key and value); either also returns ``also``."""
+    name = ("increment", counter.table.name, counter.name, key.name, also.name if also is not None else "", one_key)
     statement = _STATEMENTS.get(name)
     if statement is None:
         where = key == bindparam("key") if one_key else key.in_(bindparam("keys", expanding=True))
         returned = (counter,) if one_key else (key, counter)
+        if also is not None:
+            returned += (also,)
         statement = _STATEMENTS[name] = (update(counter.table).where(where)
                                          .values({counter.name: counter + 1}).returning(*returned))
     return statement
@@ -375,13 +381,14 @@ class SqliteRows:
         except sqlite3.Error as error:
             raise DBAPIError.instance(sql, parameters, error, sqlite3.Error) from error
 
-    def increment(self, counter: Column, key: Column, keys: list[object]) -> dict[object, int]:
-        compiled = self._compile(_increment_statement(counter, key, one_key=True))
+    def increment(self, counter: Column, key: Column, keys: list[object],
+                  also: Column | None = None) -> dict[object, tuple[int, object]]:
+        compiled = self._compile(_increment_statement(counter, key, also, one_key=True))
         values = {}
         for value in keys:
             row = self._run(compiled.sql, compiled.parameters({"key": value})).fetchone()
             if row is not None:
-                values[value] = row[0]
+                values[value] = (row[0], row[1] if also is not None else None)
         return values
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
