@@ -5,6 +5,7 @@ when the same plan is driven through different replicas at once."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent import futures
@@ -12,6 +13,8 @@ from functools import partial
 
 import grpc
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
@@ -222,6 +225,44 @@ def test_more_plans_at_once_than_rpc_threads_all_get_their_checkpoint(replicas):
     failed = [reply for reply in replies if isinstance(reply, grpc.RpcError)]
     assert failed == []
     assert all(reply.sequence == 1 and reply.file_count == 30 for reply in replies)
+
+
+def test_connections_the_database_dropped_are_replaced_before_a_call_uses_them(replicas):
+    """PostgreSQL ends a replica's idle connections (a restart, a failover, an administrator):
+    the pools must notice before using one, so that no call fails for it."""
+    (server,) = replicas.start(1)
+    server.start()
+    stub = replicas.stub(server)
+    plans = [(_ulid(), replicas.workspace()) for _ in range(6)]
+    for _, workspace in plans:
+        (workspace / "a.txt").write_text(workspace.name)
+    admin = create_engine(replicas.db_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+
+    def create_all(with_root: bool) -> list[object]:
+        return in_parallel(*(partial(stub.CreateCheckpoint, pb.CreateCheckpointRequest(
+            plan_id=plan_id, workspace_root=str(workspace) if with_root else "", state=b"s"), timeout=60)
+            for plan_id, workspace in plans))
+
+    def end_server_connections() -> int:
+        with admin.connect() as connection:
+            ended = connection.execute(text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar_one()
+            deadline = time.monotonic() + 10
+            while connection.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()")).scalar_one() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return ended
+
+    assert all(isinstance(reply, pb.CreateCheckpointResponse) for reply in create_all(with_root=True))
+    for round_number in range(3):
+        assert end_server_connections() >= 2
+        replies = create_all(with_root=round_number % 2 == 0)
+        assert [reply for reply in replies if isinstance(reply, grpc.RpcError)] == []
+        listed = stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plans[0][0])).checkpoints
+        assert [c.sequence for c in listed] == list(range(round_number + 2, 0, -1))
+    admin.dispose()
 
 
 def test_content_already_stored_by_one_replica_costs_the_other_no_new_objects(two_replicas):

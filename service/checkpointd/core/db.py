@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import select
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Connection, Engine, Executable, Table, bindparam, event, insert, inspect, text, update
 from sqlalchemy.engine import Dialect, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlmodel import Session, create_engine
 
 from checkpointd.core import models  # noqa: F401 - registers the tables
@@ -110,11 +111,12 @@ class Database:
             self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
-            self.engine = create_engine(self.url, pool_pre_ping=True, **pool)
+            self.engine = create_engine(self.url, **pool)
             # Advisory locks live on connections of their own: a lock survives the commits of the
             # work it guards, and a waiting lock never holds a connection that work needs.
-            self._locks_engine = create_engine(self.url, pool_size=4, max_overflow=POOL_LIMIT - 4,
-                                               isolation_level="AUTOCOMMIT")
+            self._locks_engine = create_engine(self.url, isolation_level="AUTOCOMMIT", **pool)
+            for engine in (self.engine, self._locks_engine):
+                event.listen(engine, "checkout", _discard_if_dropped)
 
     @property
     def is_sqlite(self) -> bool:
@@ -519,6 +521,22 @@ class AdvisoryLock:
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+def _discard_if_dropped(dbapi_connection, _record, _proxy) -> None:
+    """Replaces a pooled PostgreSQL connection that the server has ended, before it is used.
+
+    The server writes its reason and closes the socket when it ends a session (a restart, a
+    failover, ``pg_terminate_backend``), so an idle connection's socket turns readable. Checking
+    that costs no round trip, where ``pool_pre_ping`` sends a query on every checkout. The pool
+    retries a checkout on ``DisconnectionError`` with a new connection. A connection that dies
+    silently with its host is not caught here, nor by a ping until TCP gives up."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        raise DisconnectionError("the connection is closed")
+    poller = select.poll()
+    poller.register(dbapi_connection.fileno(), select.POLLIN | select.POLLPRI)
+    if poller.poll(0):
+        raise DisconnectionError("the server ended this pooled connection")
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
