@@ -220,6 +220,19 @@ def test_oversized_files_are_recorded_as_skipped_and_never_deleted(cp, config_st
     assert (cp.root / "big.bin").read_bytes() == b"z" * 200
 
 
+def test_a_skipped_file_whose_name_is_not_utf8_is_named_by_its_raw_bytes(cp, config_stub):
+    config_stub.SetConfig(cfg.SetConfigRequest(key="core.snapshot.max_file_size_bytes", plan_id=cp.id,
+                                               value=struct_pb2.Value(number_value=10)))
+    latin1 = b"caf\xe9.bin"
+    write(cp.root, os.fsdecode(latin1), b"y" * 100)
+    write(cp.root, "big.bin", b"z" * 50)
+    target = cp.create()
+    assert sorted((s.path, s.raw_path, s.size_bytes) for s in target.skipped_files) == [
+        ("big.bin", b"", 50), ("caf\\xe9.bin", latin1, 100)]
+    listed = cp.stub.GetCheckpoint(pb.GetCheckpointRequest(checkpoint_id=target.checkpoint_id)).checkpoint
+    assert listed.skipped_files == target.skipped_files
+
+
 def test_git_directory_is_never_captured_or_touched(cp):
     write(cp.root, ".git/HEAD", "ref: refs/heads/main\n")
     write(cp.root, "code.py", "v1")

@@ -40,7 +40,9 @@ const SERVICE_CONFIG = JSON.stringify({
 
 /**
  * @typedef {object} SkippedFile
- * @property {string} path Workspace-relative, '/'-separated.
+ * @property {string} path Workspace-relative, '/'-separated; undecodable bytes of a name that is
+ *   not UTF-8 show as \xNN escapes.
+ * @property {Buffer} rawPath The exact bytes of such a name; empty for a UTF-8 one.
  * @property {number} sizeBytes
  * @property {string} reason E.g. "FILE_TOO_LARGE".
  */

@@ -177,6 +177,17 @@ for (const transport of ['tcp', 'unix']) {
       assert.equal(fs.readFileSync(path.join(workspace, 'other.txt'), 'utf8'), 'v2');
     });
 
+    test('a skipped file whose name is not UTF-8 comes back with its rawPath', async () => {
+      const planId = newUlid();
+      const workspace = server.newWorkspace();
+      const latin1 = Buffer.from([0x63, 0x61, 0x66, 0xe9, 0x2e, 0x62, 0x69, 0x6e]); // "café.bin" in Latin-1
+      fs.writeFileSync(Buffer.concat([Buffer.from(`${workspace}/`), latin1]), 'y'.repeat(100));
+      await client.setConfig('core.snapshot.max_file_size_bytes', 10, { planId });
+      const checkpoint = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+      assert.deepEqual(checkpoint.skippedFiles.map((s) => [s.path, Buffer.from(s.rawPath), s.reason]),
+        [['caf\\xe9.bin', latin1, 'FILE_TOO_LARGE']]);
+    });
+
     test('delete removes one checkpoint only', async () => {
       const planId = newUlid();
       const first = await client.createCheckpoint(planId);

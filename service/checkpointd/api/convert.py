@@ -111,7 +111,8 @@ def checkpoint(cp: Checkpoint) -> pb.Checkpoint:
         file_count=row.file_count,
         total_size_bytes=row.total_size_bytes,
         state_size_bytes=row.state_size_bytes,
-        skipped_files=[pb.SkippedFile(path=text(p), size_bytes=size, reason=reason) for p, size, reason in row.skipped],
+        skipped_files=[pb.SkippedFile(path=text(p), raw_path=raw_path(p), size_bytes=size, reason=reason)
+                       for p, size, reason in row.skipped],
         tree_digest=f"sha256:{row.tree_digest}" if row.tree_digest else "",
         rollback_target_checkpoint_id=row.rollback_target_checkpoint_id or "",
         state=cp.state or b"",
