@@ -101,6 +101,9 @@ class KnownPlan:
     workspace_root: str | None
 
 
+#: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
+MAX_REMEMBERED_PLANS = 100_000
+
 #: The warm-up's plan and request id: ids no client can send (not a ULID; not printable).
 _WARM_UP_PLAN = "checkpointd-warm-up"
 _WARM_UP_REQUEST_ID = "\x01checkpointd-warm-up"
@@ -135,6 +138,14 @@ class _CreateArguments:
     labels: dict[str, str]
     request_id: str
     fingerprint: str
+
+
+@dataclass(slots=True)
+class _PlanLock:
+    """A plan's in-process lock and how many operations hold it or wait for it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
 
 
 class _PlanRootRecorded(Exception):
@@ -202,8 +213,9 @@ class Checkpoints:
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
         self.restorer = Restorer(store, self.trees)
         self._plans: dict[str, KnownPlan] = {}
+        self._plans_guard = threading.Lock()
         self._new_checkpoints = db.group_commit(self._write_checkpoints)
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, _PlanLock] = {}
         self._locks_guard = threading.Lock()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
         self._data_dir = os.path.realpath(settings.data_dir)
@@ -245,9 +257,19 @@ class Checkpoints:
         """Serializes one plan's operations, capture to commit: this process's threads queue on an
         in-process lock (holding no database connection), then replicas on a database advisory lock."""
         with self._locks_guard:
-            lock = self._locks.setdefault(plan_id, threading.Lock())
-        with lock, self.db.advisory_lock(f"plan:{plan_id}"):
-            yield
+            entry = self._locks.get(plan_id)
+            if entry is None:
+                entry = self._locks[plan_id] = _PlanLock()
+            entry.users += 1
+        try:
+            with entry.lock, self.db.advisory_lock(f"plan:{plan_id}"):
+                yield
+        finally:
+            # The last user drops the lock, so that the map holds only the plans in use.
+            with self._locks_guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._locks[plan_id]
 
     def _resolve_root(self, raw: str) -> str:
         if not os.path.isabs(raw) or "\0" in raw:
@@ -351,7 +373,11 @@ class Checkpoints:
         with self.db.session() as session:
             plan = self._plan_row(session, plan_id, root)
             known = KnownPlan(plan.plan_id, plan.workspace_root)
-        self._plans[plan_id] = known
+        with self._plans_guard:
+            self._plans[plan_id] = known
+            # The oldest remembered plan goes first: forgetting one costs a read when it is next used.
+            while len(self._plans) > MAX_REMEMBERED_PLANS:
+                del self._plans[next(iter(self._plans))]
         return known
 
     @staticmethod
@@ -442,7 +468,8 @@ class Checkpoints:
             except _PlanRootRecorded:
                 # Another replica recorded the plan's root since this one remembered the plan. Read
                 # again under this plan's lock, the root cannot change before the second attempt.
-                self._plans.pop(plan_id, None)
+                with self._plans_guard:
+                    self._plans.pop(plan_id, None)
                 return self._capture_and_record(new)
 
     def _capture_and_record(self, new: _CreateArguments) -> Checkpoint:
