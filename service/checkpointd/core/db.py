@@ -39,8 +39,8 @@ SCHEMA_VERSION_TABLE = "checkpointd_schema_version"
 BASELINE_REVISION = "0001"
 BASELINE_TABLES = frozenset({"plans", "checkpoints", "operations", "config_values"})
 
-#: Connections one server opens per pool at most (PostgreSQL: two pools, so twice this). Above the
-#: server's 32 RPC threads plus its background work.
+#: Connections one server opens per pool at most (PostgreSQL: two pools, so twice this, plus the
+#: group commit's own). Above the server's 32 RPC threads plus its background work.
 POOL_LIMIT = 40
 
 SQLITE = "sqlite"
@@ -101,8 +101,8 @@ class Database:
         self.url = normalize_url(url)
         self.dialect = make_url(self.url).get_backend_name()
         self._locks_engine: Engine | None = None
-        self._writer_turn = threading.Lock() if self.dialect == SQLITE else contextlib.nullcontext()
-        self._sqlite_writer: SqliteRows | None = None
+        self._writer_turn = threading.Lock()
+        self._writer: RowTransactions | None = None
         # An operation holds one connection for its session and briefly takes a second (a config
         # read, a store commit): the pool must exceed the RPC threads, or they can all hold one
         # and wait for another.
@@ -225,17 +225,23 @@ class Database:
         a time and makes the others poll with sleeps of milliseconds, which would cap concurrent
         checkpoints at a few hundred per second), then write on one dedicated connection with
         precompiled statements: the pool checkout and statement execution of the ORM layer cost
-        more than the write itself. PostgreSQL, shared by replicas, writes through Core."""
-        if not self.is_sqlite:
-            with self.engine.begin() as connection:
-                yield CoreRows(connection)
-            return
+        more than the write itself. PostgreSQL writes the same way, pipelined (``PostgresRows``)."""
         with self._writer_turn:
-            writer = self._sqlite_writer
-            if writer is None or writer.closed:
-                writer = self._sqlite_writer = SqliteRows(self.engine)
+            writer = self._writer
+            if writer is None or not writer.usable():
+                if writer is not None:
+                    writer.close()
+                writer = self._writer = self._new_writer()
             with writer.transaction():
                 yield writer
+
+    def _new_writer(self) -> RowTransactions:
+        if self.is_sqlite:
+            return SqliteRows(self.engine)
+        # Imported here: a server on SQLite never loads the PostgreSQL driver.
+        from checkpointd.core.postgres_rows import PostgresRows
+
+        return PostgresRows(self.engine)
 
     def group_commit(self, write: Callable[[RowWriter, list[U]], None]) -> GroupCommit[U]:
         """A queue whose items are written by ``write`` in transactions shared by concurrent callers."""
@@ -248,9 +254,9 @@ class Database:
 
     def dispose(self) -> None:
         with self._writer_turn:
-            if self._sqlite_writer is not None:
-                self._sqlite_writer.close()
-                self._sqlite_writer = None
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         self.engine.dispose()
         if self._locks_engine is not None:
             self._locks_engine.dispose()
@@ -266,6 +272,17 @@ class RowWriter(Protocol):
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
+
+
+class RowTransactions(RowWriter, Protocol):
+    """A RowWriter on a connection of its own, whose transactions it runs itself."""
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def usable(self) -> bool:
+        """False once the connection is closed or found dropped: a new writer takes over."""
+
+    def close(self) -> None: ...
 
 
 class CoreRows:
@@ -365,6 +382,9 @@ class SqliteRows:
                 # A connection that cannot roll back is not used again.
                 self.close()
             raise
+
+    def usable(self) -> bool:
+        return not self.closed
 
     def close(self) -> None:
         self.closed = True
@@ -531,12 +551,18 @@ def _discard_if_dropped(dbapi_connection, _record, _proxy) -> None:
     that costs no round trip, where ``pool_pre_ping`` sends a query on every checkout. The pool
     retries a checkout on ``DisconnectionError`` with a new connection. A connection that dies
     silently with its host is not caught here, nor by a ping until TCP gives up."""
-    if dbapi_connection.closed or dbapi_connection.broken:
-        raise DisconnectionError("the connection is closed")
-    poller = select.poll()
-    poller.register(dbapi_connection.fileno(), select.POLLIN | select.POLLPRI)
-    if poller.poll(0):
+    if _was_dropped(dbapi_connection):
         raise DisconnectionError("the server ended this pooled connection")
+
+
+def _was_dropped(connection) -> bool:
+    """Whether an idle connection is closed, or its socket has something to read: the server's
+    farewell (see ``_discard_if_dropped``)."""
+    if connection.closed or connection.broken:
+        return True
+    poller = select.poll()
+    poller.register(connection.fileno(), select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
