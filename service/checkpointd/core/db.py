@@ -350,23 +350,49 @@ class _Compiled:
         return tuple(out)
 
 
-class SqliteRows:
-    """A RowWriter on one dedicated SQLite connection, taken out of the pool for good.
+class DedicatedConnection:
+    """What the group commit's writers share: a driver connection taken out of the pool for
+    good, and Core statements compiled once for it (so column types convert values as Core
+    does). ``driver_error`` is the driver's base exception."""
 
-    Statements are compiled from the same Core constructs as ``CoreRows`` uses (so column
-    types convert values the same way) and run on the driver's cursor. Driver errors come
-    out as SQLAlchemy's (an ``IntegrityError`` stays one). Callers serialize its use."""
+    driver_error: type[Exception] = Exception
 
-    def __init__(self, engine: Engine) -> None:
-        self._dialect = engine.dialect
+    def __init__(self, engine: Engine, dialect: Dialect) -> None:
+        self._dialect = dialect
         proxied = engine.raw_connection()
         self._driver = proxied.driver_connection
         proxied.detach()
+        self._compiled: dict[Executable, _Compiled] = {}
+        self.closed = False
+
+    def usable(self) -> bool:
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(self.driver_error):
+            self._driver.close()
+
+    def _compile(self, statement: Executable) -> _Compiled:
+        compiled = self._compiled.get(statement)
+        if compiled is None:
+            compiled = self._compiled[statement] = _Compiled(statement, self._dialect)
+        return compiled
+
+
+class SqliteRows(DedicatedConnection):
+    """A RowWriter on one dedicated SQLite connection.
+
+    Statements run on the driver's cursor. Driver errors come out as SQLAlchemy's (an
+    ``IntegrityError`` stays one). Callers serialize its use."""
+
+    driver_error = sqlite3.Error
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, engine.dialect)
         # Autocommit mode: this connection's transactions are the explicit BEGIN IMMEDIATE below.
         self._driver.isolation_level = None
         self._cursor = self._driver.cursor()
-        self._compiled: dict[Executable, _Compiled] = {}
-        self.closed = False
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -382,20 +408,6 @@ class SqliteRows:
                 # A connection that cannot roll back is not used again.
                 self.close()
             raise
-
-    def usable(self) -> bool:
-        return not self.closed
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(sqlite3.Error):
-            self._driver.close()
-
-    def _compile(self, statement: Executable) -> _Compiled:
-        compiled = self._compiled.get(statement)
-        if compiled is None:
-            compiled = self._compiled[statement] = _Compiled(statement, self._dialect)
-        return compiled
 
     def _run(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
         try:

@@ -3,38 +3,33 @@ so that a server on SQLite never imports the PostgreSQL driver."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
-from sqlalchemy import Column, Engine, Executable, Table
+from sqlalchemy import Column, Engine, Table
 from sqlalchemy.exc import DBAPIError
 
-from checkpointd.core.db import _Compiled, _increment_statement, _insert_statement, _was_dropped
+from checkpointd.core.db import DedicatedConnection, _increment_statement, _insert_statement, _was_dropped
 
 
-class PostgresRows:
-    """A RowWriter on one dedicated PostgreSQL connection, taken out of the pool for good, that
-    sends a transaction's statements in pipeline mode: BEGIN and the numbering UPDATEs go in one
-    round trip, the INSERTs and COMMIT in a second (through Core, each statement and the BEGIN
-    and COMMIT cost one each, plus the pool's checkout).
+class PostgresRows(DedicatedConnection):
+    """A RowWriter on one dedicated PostgreSQL connection that sends a transaction's statements
+    in pipeline mode: BEGIN and the numbering UPDATEs go in one round trip, the INSERTs and
+    COMMIT in a second (through Core, each statement and the BEGIN and COMMIT cost one each,
+    plus the pool's checkout).
 
-    Statements are compiled from the same Core constructs as ``CoreRows`` uses, for the driver's
-    positional parameters. Driver errors come out as SQLAlchemy's (an ``IntegrityError`` stays
-    one); a connection left in a transaction is rolled back, one that cannot be is not used
-    again. Callers serialize its use."""
+    Statements are compiled for the driver's positional parameters. Driver errors come out as
+    SQLAlchemy's (an ``IntegrityError`` stays one); a connection left in a transaction is rolled
+    back, one that cannot be is not used again. Callers serialize its use."""
+
+    driver_error = psycopg.Error
 
     def __init__(self, engine: Engine) -> None:
-        self._dialect = type(engine.dialect)(paramstyle="format")
-        proxied = engine.raw_connection()
-        self._driver = proxied.driver_connection
-        proxied.detach()
+        super().__init__(engine, type(engine.dialect)(paramstyle="format"))
         self._driver.autocommit = True
         self._cursor = self._driver.cursor()
         self._pipeline: psycopg.Pipeline | None = None
-        self._compiled: dict[Executable, _Compiled] = {}
-        self.closed = False
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -64,17 +59,6 @@ class PostgresRows:
 
     def usable(self) -> bool:
         return not self.closed and not _was_dropped(self._driver)
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(psycopg.Error):
-            self._driver.close()
-
-    def _compile(self, statement: Executable) -> _Compiled:
-        compiled = self._compiled.get(statement)
-        if compiled is None:
-            compiled = self._compiled[statement] = _Compiled(statement, self._dialect)
-        return compiled
 
     def increment(self, counter: Column, key: Column, keys: list[object],
                   also: Column | None = None) -> dict[object, tuple[int, object]]:
