@@ -152,10 +152,6 @@ class _PlanRootRecorded(Exception):
     """A checkpoint was captured for its plan as remembered, but the plan's row names another
     workspace root: another replica recorded one meanwhile. Its transaction writes nothing."""
 
-    def __init__(self, plan_id: str) -> None:
-        super().__init__(f"plan {plan_id} has a workspace root recorded by another replica")
-        self.plan_id = plan_id
-
 
 @dataclass(slots=True)
 class _NewCheckpoint:
@@ -348,7 +344,7 @@ class Checkpoints:
         for item in new:
             sequence, root = numbered[item.record.plan_id]
             if root != item.record.workspace_root:
-                raise _PlanRootRecorded(item.record.plan_id)
+                raise _PlanRootRecorded(f"plan {item.record.plan_id} has a workspace root recorded by another replica")
             item.record.sequence = sequence
         rows.insert(_CHECKPOINTS, [_record_values(n.record) for n in new])
         operations = [n.operation for n in new if n.operation is not None]

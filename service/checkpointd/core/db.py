@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -29,6 +29,9 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlmodel import Session, create_engine
 
 from checkpointd.core import models  # noqa: F401 - registers the tables
+
+if TYPE_CHECKING:
+    from checkpointd.core.postgres_rows import PostgresRows
 
 log = logging.getLogger("checkpointd.db")
 U = TypeVar("U")
@@ -102,7 +105,7 @@ class Database:
         self.dialect = make_url(self.url).get_backend_name()
         self._locks_engine: Engine | None = None
         self._writer_turn = threading.Lock()
-        self._writer: RowTransactions | None = None
+        self._writer: SqliteRows | PostgresRows | None = None
         # An operation holds one connection for its session and briefly takes a second (a config
         # read, a store commit): the pool must exceed the RPC threads, or they can all hold one
         # and wait for another.
@@ -235,7 +238,7 @@ class Database:
             with writer.transaction():
                 yield writer
 
-    def _new_writer(self) -> RowTransactions:
+    def _new_writer(self) -> SqliteRows | PostgresRows:
         if self.is_sqlite:
             return SqliteRows(self.engine)
         # Imported here: a server on SQLite never loads the PostgreSQL driver.
@@ -272,17 +275,6 @@ class RowWriter(Protocol):
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
-
-
-class RowTransactions(RowWriter, Protocol):
-    """A RowWriter on a connection of its own, whose transactions it runs itself."""
-
-    def transaction(self) -> contextlib.AbstractContextManager[None]: ...
-
-    def usable(self) -> bool:
-        """False once the connection is closed or found dropped: a new writer takes over."""
-
-    def close(self) -> None: ...
 
 
 class CoreRows:
@@ -366,6 +358,7 @@ class DedicatedConnection:
         self.closed = False
 
     def usable(self) -> bool:
+        """False once the connection is closed (or found dropped): a new writer takes over."""
         return not self.closed
 
     def close(self) -> None:
