@@ -103,6 +103,16 @@ class TextFormatter(logging.Formatter):
         return f"{head} {fields}{newline}{rest}"
 
 
+def _skip_unused_record_fields() -> None:
+    """Neither format prints the thread, the process or the calling function, and the server
+    writes an access line per call: logging is told not to look them up for every record (the
+    logging HOWTO's "Optimization"). Caller lookup off also means ``stack_info`` is not rendered."""
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None
+
+
 def configure(level: str, log_format: LogFormat, stream: TextIO | None = None) -> None:
     """Replaces the root handlers with one that writes ``log_format`` to ``stream`` (stderr)."""
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -112,6 +122,7 @@ def configure(level: str, log_format: LogFormat, stream: TextIO | None = None) -
             handler.setFormatter(JsonFormatter())
         case LogFormat.TEXT:
             handler.setFormatter(TextFormatter())
+    _skip_unused_record_fields()
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
