@@ -760,9 +760,12 @@ def _notes(result: MetricResult) -> str:
             notes.append(f"{system} wrong {len(series.wrong)}/{total} (not counted)")
         if series.error:
             notes.append(f"{system} error: {series.error.splitlines()[0][:100]}")
-    cores = result.series.get(CHECKPOINTD, Series("")).extra.get("client_cpu_cores")
-    if cores:
-        notes.append(f"client used {median(cores):.2f} cores")
+    extra = result.series.get(CHECKPOINTD, Series("")).extra
+    if extra.get("server_cpu_cores"):
+        # One Python process: what it can use of the machine's cores is the throughput's bound.
+        notes.append(f"our server used {median(extra['server_cpu_cores']):.2f} cores")
+    if extra.get("client_cpu_cores"):
+        notes.append(f"client used {median(extra['client_cpu_cores']):.2f} cores")
     floor = result.series.get(FLOOR)
     ours = result.series[CHECKPOINTD].value
     if floor is not None and floor.value and ours:
