@@ -26,6 +26,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Connection, Engine, Executable, Table, bindparam, event, insert, inspect, text, update
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
 from checkpointd.core import models  # noqa: F401 - registers the tables
@@ -494,34 +495,42 @@ class AdvisoryLock:
     """A PostgreSQL session-level advisory lock held on its own pooled connection (checked
     by use rather than by a ping: a lock statement on a dropped connection is retried once).
 
-    If the server dies, PostgreSQL ends the connection and so releases the lock. ``acquire``
-    and ``release`` may run on different threads (the content store's GC fence does so).
+    Both statements run on the pooled connection's driver: through Core (a ``Connection`` and a
+    ``text()`` statement), taking and releasing a lock cost as much CPU as a checkpoint's whole
+    transaction. If the server dies, PostgreSQL ends the connection and so releases the lock.
+    ``acquire`` and ``release`` may run on different threads (the content store's GC fence does so).
     """
 
     def __init__(self, engine: Engine | None, key: int, shared: bool) -> None:
         self._engine = engine
         self._key = key
-        self._suffix = "_shared" if shared else ""
-        self._connection: Connection | None = None
+        self._lock_sql = f"SELECT pg_advisory_lock{'_shared' if shared else ''}(%s)"
+        self._unlock_sql = f"SELECT pg_advisory_unlock{'_shared' if shared else ''}(%s)"
+        self._connection: PoolProxiedConnection | None = None
         self._guard = threading.Lock()
 
     def acquire(self) -> None:
         if self._engine is None:
             return
+        dialect = self._engine.dialect
         for attempt in (1, 2):
-            connection = self._engine.connect()
             try:
-                connection.execute(text(f"SELECT pg_advisory_lock{self._suffix}(:key)"), {"key": self._key})
-            except DBAPIError as exc:
+                connection = self._engine.raw_connection()
+            except dialect.loaded_dbapi.Error as exc:
+                # As Core reports a failed connect: the driver's error inside SQLAlchemy's.
+                raise DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error) from exc
+            try:
+                connection.driver_connection.execute(self._lock_sql, (self._key,))
+            except BaseException as exc:
+                dropped = dialect.is_disconnect(exc, connection.driver_connection, None)
                 connection.invalidate()
                 connection.close()
                 # A pooled connection the server dropped (a restart): once more on a new one.
-                if attempt == 1 and exc.connection_invalidated:
+                if attempt == 1 and dropped:
                     continue
-                raise
-            except BaseException:
-                connection.invalidate()
-                connection.close()
+                if isinstance(exc, dialect.loaded_dbapi.Error):
+                    raise DBAPIError.instance(self._lock_sql, (self._key,), exc, dialect.loaded_dbapi.Error,
+                                              connection_invalidated=dropped) from exc
                 raise
             with self._guard:
                 self._connection = connection
@@ -533,7 +542,7 @@ class AdvisoryLock:
         if connection is None:
             return
         try:
-            connection.execute(text(f"SELECT pg_advisory_unlock{self._suffix}(:key)"), {"key": self._key})
+            connection.driver_connection.execute(self._unlock_sql, (self._key,))
         except Exception:
             # A connection that cannot unlock is closed for good, which releases its locks.
             connection.invalidate()

@@ -1,0 +1,93 @@
+"""Advisory locks (plan locks, the GC fence) on PostgreSQL: held on pooled connections, taken
+on the driver, retried once on a connection the server has ended."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.pool import NullPool
+
+from checkpointd.core.db import Database, _discard_if_dropped, lock_key
+
+
+@pytest.fixture
+def database(pg_url: str) -> Iterator[Database]:
+    db = Database(pg_url)
+    yield db
+    db.dispose()
+
+
+@pytest.fixture
+def admin(pg_url: str):
+    engine = create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    yield engine
+    engine.dispose()
+
+
+def advisory_locks(admin, name: str) -> list[tuple[bool, str]]:
+    """(granted, mode) of every session's hold or wait on the lock ``name``."""
+    key = lock_key(name)
+    with admin.connect() as connection:
+        rows = connection.execute(text(
+            "SELECT granted, mode FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+            "AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": key})
+        return sorted((row.granted, row.mode) for row in rows)
+
+
+def end_other_sessions(admin) -> None:
+    with admin.connect() as connection:
+        connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+        deadline = time.monotonic() + 10
+        while connection.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND pid <> pg_backend_pid()")).scalar_one() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_a_lock_is_held_until_released_and_a_second_taker_waits_for_it(database, admin):
+    first, second = database.advisory_lock("plan:a"), database.advisory_lock("plan:a")
+    first.acquire()
+    assert advisory_locks(admin, "plan:a") == [(True, "ExclusiveLock")]
+    taken = threading.Event()
+
+    def take_second() -> None:
+        with second:
+            taken.set()
+
+    waiter = threading.Thread(target=take_second)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while advisory_locks(admin, "plan:a") != [(False, "ExclusiveLock"), (True, "ExclusiveLock")]:
+        assert time.monotonic() < deadline, advisory_locks(admin, "plan:a")
+        time.sleep(0.02)
+    assert not taken.is_set()
+    first.release()
+    waiter.join(timeout=10)
+    assert taken.is_set()
+    assert advisory_locks(admin, "plan:a") == []
+
+
+def test_shared_locks_are_held_together(database, admin):
+    with database.advisory_lock("fence", shared=True), database.advisory_lock("fence", shared=True):
+        assert advisory_locks(admin, "fence") == [(True, "ShareLock"), (True, "ShareLock")]
+    assert advisory_locks(admin, "fence") == []
+
+
+def test_a_lock_on_a_pooled_connection_the_server_ended_is_taken_on_a_new_one(database, admin):
+    """With the pool's checkout check off, the dropped connection reaches the lock statement:
+    the lock must notice the disconnect and take the lock once more on a fresh connection."""
+    event.remove(database._locks_engine, "checkout", _discard_if_dropped)
+    with database.advisory_lock("plan:b"):
+        pass
+    end_other_sessions(admin)
+    lock = database.advisory_lock("plan:b")
+    lock.acquire()
+    try:
+        assert advisory_locks(admin, "plan:b") == [(True, "ExclusiveLock")]
+    finally:
+        lock.release()
+    assert advisory_locks(admin, "plan:b") == []
