@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from sqlalchemy import Engine, text
 
 
 def tree_state(root: Path, skip: tuple[str, ...] = (".git",)) -> dict[str, tuple]:
@@ -41,3 +43,18 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
             infos.append(info)
     assert len(infos) == 1, f"expected exactly one ErrorInfo, got {infos}"
     return infos[0]
+
+
+def end_other_sessions(admin: Engine) -> int:
+    """Ends every other session on the admin engine's PostgreSQL database, as a restart or an
+    administrator would, and waits until they are gone; returns how many were ended."""
+    with admin.connect() as connection:
+        ended = connection.execute(text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar_one()
+        deadline = time.monotonic() + 10
+        while connection.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()")).scalar_one() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return ended

@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.pool import NullPool
 
 from checkpointd.core.db import Database, _discard_if_dropped, lock_key
+from tests.helpers import end_other_sessions
 
 
 @pytest.fixture
@@ -36,16 +37,6 @@ def advisory_locks(admin, name: str) -> list[tuple[bool, str]]:
             "SELECT granted, mode FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
             "AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": key})
         return sorted((row.granted, row.mode) for row in rows)
-
-
-def end_other_sessions(admin) -> None:
-    with admin.connect() as connection:
-        connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
-        deadline = time.monotonic() + 10
-        while connection.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                      "AND pid <> pg_backend_pid()")).scalar_one() and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 def test_a_lock_is_held_until_released_and_a_second_taker_waits_for_it(database, admin):
@@ -83,7 +74,7 @@ def test_a_lock_on_a_pooled_connection_the_server_ended_is_taken_on_a_new_one(da
     event.remove(database._locks_engine, "checkout", _discard_if_dropped)
     with database.advisory_lock("plan:b"):
         pass
-    end_other_sessions(admin)
+    assert end_other_sessions(admin) >= 1
     lock = database.advisory_lock("plan:b")
     lock.acquire()
     try:

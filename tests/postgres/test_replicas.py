@@ -5,7 +5,6 @@ when the same plan is driven through different replicas at once."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent import futures
@@ -13,12 +12,12 @@ from functools import partial
 
 import grpc
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from tests.helpers import error_info, tree_state
+from tests.helpers import end_other_sessions, error_info, tree_state
 
 pytestmark = pytest.mark.postgres
 
@@ -243,21 +242,9 @@ def test_connections_the_database_dropped_are_replaced_before_a_call_uses_them(r
             plan_id=plan_id, workspace_root=str(workspace) if with_root else "", state=b"s"), timeout=60)
             for plan_id, workspace in plans))
 
-    def end_server_connections() -> int:
-        with admin.connect() as connection:
-            ended = connection.execute(text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar_one()
-            deadline = time.monotonic() + 10
-            while connection.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid()")).scalar_one() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        return ended
-
     assert all(isinstance(reply, pb.CreateCheckpointResponse) for reply in create_all(with_root=True))
     for round_number in range(3):
-        assert end_server_connections() >= 2
+        assert end_other_sessions(admin) >= 2
         replies = create_all(with_root=round_number % 2 == 0)
         assert [reply for reply in replies if isinstance(reply, grpc.RpcError)] == []
         listed = stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plans[0][0])).checkpoints
