@@ -253,7 +253,10 @@ class Database:
 
     def advisory_lock(self, name: str, shared: bool = False) -> AdvisoryLock:
         """A lock every replica on this database sees (PostgreSQL); a no-op on SQLite, whose
-        single server process serializes with in-process locks."""
+        single server process serializes with in-process locks (every plan operation asks for
+        one: on SQLite it costs neither a hash of the name nor an object)."""
+        if self._locks_engine is None:
+            return _NO_LOCK
         return AdvisoryLock(self._locks_engine, lock_key(name), shared)
 
     def dispose(self) -> None:
@@ -501,11 +504,14 @@ class AdvisoryLock:
     ``acquire`` and ``release`` may run on different threads (the content store's GC fence does so).
     """
 
+    _LOCK_SQL = {False: "SELECT pg_advisory_lock(%s)", True: "SELECT pg_advisory_lock_shared(%s)"}
+    _UNLOCK_SQL = {False: "SELECT pg_advisory_unlock(%s)", True: "SELECT pg_advisory_unlock_shared(%s)"}
+
     def __init__(self, engine: Engine | None, key: int, shared: bool) -> None:
         self._engine = engine
         self._key = key
-        self._lock_sql = f"SELECT pg_advisory_lock{'_shared' if shared else ''}(%s)"
-        self._unlock_sql = f"SELECT pg_advisory_unlock{'_shared' if shared else ''}(%s)"
+        self._lock_sql = self._LOCK_SQL[shared]
+        self._unlock_sql = self._UNLOCK_SQL[shared]
         self._connection: PoolProxiedConnection | None = None
         self._guard = threading.Lock()
 
@@ -513,12 +519,13 @@ class AdvisoryLock:
         if self._engine is None:
             return
         dialect = self._engine.dialect
+        driver_error = dialect.loaded_dbapi.Error
         for attempt in (1, 2):
             try:
                 connection = self._engine.raw_connection()
-            except dialect.loaded_dbapi.Error as exc:
+            except driver_error as exc:
                 # As Core reports a failed connect: the driver's error inside SQLAlchemy's.
-                raise DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error) from exc
+                raise DBAPIError.instance(None, None, exc, driver_error) from exc
             try:
                 connection.driver_connection.execute(self._lock_sql, (self._key,))
             except BaseException as exc:
@@ -528,8 +535,8 @@ class AdvisoryLock:
                 # A pooled connection the server dropped (a restart): once more on a new one.
                 if attempt == 1 and dropped:
                     continue
-                if isinstance(exc, dialect.loaded_dbapi.Error):
-                    raise DBAPIError.instance(self._lock_sql, (self._key,), exc, dialect.loaded_dbapi.Error,
+                if isinstance(exc, driver_error):
+                    raise DBAPIError.instance(self._lock_sql, (self._key,), exc, driver_error,
                                               connection_invalidated=dropped) from exc
                 raise
             with self._guard:
@@ -555,6 +562,10 @@ class AdvisoryLock:
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+#: The lock of a database without advisory locks (SQLite): taking it does nothing, so one serves all.
+_NO_LOCK = AdvisoryLock(None, 0, False)
 
 
 def _discard_if_dropped(dbapi_connection, _record, _proxy) -> None:
