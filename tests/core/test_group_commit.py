@@ -62,12 +62,14 @@ def _run_concurrently(submit, keys: list[str]) -> dict[str, BaseException | str]
 
 def _held_first_group(db: Database, write, expected_waiting: int):
     """A group commit whose first group waits until ``expected_waiting`` more items are queued,
-    so that they must form a second, shared group."""
+    so that they must form a second, shared group; and an event set once the first group is being written."""
     released = threading.Event()
+    writing = threading.Event()
     queue = None
 
     def held(rows, keys):
         if not released.is_set():
+            writing.set()
             deadline = time.monotonic() + 10
             while len(queue._queue) < expected_waiting and time.monotonic() < deadline:
                 time.sleep(0.005)
@@ -75,7 +77,7 @@ def _held_first_group(db: Database, write, expected_waiting: int):
         return write(rows, keys)
 
     queue = db.group_commit(held)
-    return queue
+    return queue, writing
 
 
 def _insert_all(rows, keys: list[str]) -> None:
@@ -83,10 +85,10 @@ def _insert_all(rows, keys: list[str]) -> None:
 
 
 def test_items_queued_while_a_group_is_written_share_the_next_transaction(db):
-    queue = _held_first_group(db, _insert_all, expected_waiting=5)
+    queue, writing = _held_first_group(db, _insert_all, expected_waiting=5)
     first = threading.Thread(target=queue.submit, args=("leader",))
     first.start()
-    time.sleep(0.05)
+    assert writing.wait(timeout=30)
     outcomes = _run_concurrently(queue.submit, [f"k{i}" for i in range(5)])
     first.join(timeout=30)
 
@@ -99,10 +101,10 @@ def test_items_queued_while_a_group_is_written_share_the_next_transaction(db):
 def test_a_failing_item_fails_alone_and_the_rest_of_its_group_is_written(db):
     with db.engine.begin() as connection:
         connection.execute(insert(_ITEMS), {"key": "taken", "group_size": 0})
-    queue = _held_first_group(db, _insert_all, expected_waiting=4)
+    queue, writing = _held_first_group(db, _insert_all, expected_waiting=4)
     first = threading.Thread(target=queue.submit, args=("leader",))
     first.start()
-    time.sleep(0.05)
+    assert writing.wait(timeout=30)
     outcomes = _run_concurrently(queue.submit, ["a", "b", "taken", "c"])
     first.join(timeout=30)
 
@@ -164,3 +166,73 @@ def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
         assert by_group == by_core
     finally:
         database.dispose()
+
+
+def test_items_submitted_without_waiting_are_written_together_by_the_group_commits_thread(db):
+    writers: list[str] = []
+
+    def insert_noting_the_writer(rows, keys):
+        writers.append(threading.current_thread().name)
+        _insert_all(rows, keys)
+
+    queue, writing = _held_first_group(db, insert_noting_the_writer, expected_waiting=5)
+    first = queue.submit_nowait("leader")
+    assert writing.wait(timeout=30)
+    rest = [queue.submit_nowait(f"k{i}") for i in range(5)]
+
+    for future in [first, *rest]:
+        assert future.result(timeout=30) is None
+    stored = _stored(db)
+    assert stored["leader"] == 1
+    assert {stored[f"k{i}"] for i in range(5)} == {5}, "the five queued items were written in one group"
+    assert set(writers) == {"group-commit"}
+
+
+def test_prepare_runs_before_its_items_transaction_and_a_failing_prepare_fails_only_its_item(db):
+    seen_before_prepare: dict[str, dict[str, int]] = {}
+
+    def prepare_noting(key: str):
+        return lambda: seen_before_prepare.setdefault(key, _stored(db))
+
+    def refuse() -> None:
+        raise OSError(28, "No space left on device")
+
+    queue, writing = _held_first_group(db, _insert_all, expected_waiting=3)
+    first = queue.submit_nowait("leader")
+    assert writing.wait(timeout=30)
+    a = queue.submit_nowait("a", prepare=prepare_noting("a"))
+    b = queue.submit_nowait("b", prepare=refuse)
+    c = queue.submit_nowait("c", prepare=prepare_noting("c"))
+
+    assert first.result(timeout=30) is None and a.result(timeout=30) is None and c.result(timeout=30) is None
+    with pytest.raises(OSError, match="No space left"):
+        b.result(timeout=30)
+    stored = _stored(db)
+    assert "b" not in stored
+    assert stored["a"] == stored["c"] == 2, "the items whose prepare succeeded shared a transaction"
+    assert "a" not in seen_before_prepare["a"] and "c" not in seen_before_prepare["c"], "prepare ran first"
+
+
+def test_waiting_and_not_waiting_callers_share_one_queue(db):
+    queue, writing = _held_first_group(db, _insert_all, expected_waiting=4)
+    first = threading.Thread(target=queue.submit, args=("leader",))
+    first.start()
+    assert writing.wait(timeout=30)
+    not_waiting = [queue.submit_nowait(key) for key in ("n1", "n2")]
+    outcomes = _run_concurrently(queue.submit, ["w1", "w2"])
+    first.join(timeout=30)
+
+    assert outcomes == {"w1": "committed", "w2": "committed"}
+    assert all(future.result(timeout=30) is None for future in not_waiting)
+    assert set(_stored(db)) == {"leader", "n1", "n2", "w1", "w2"}
+
+
+def test_close_writes_what_was_queued_without_waiting_and_then_refuses(db):
+    queue = db.group_commit(_insert_all)
+    queued = [queue.submit_nowait(f"q{i}") for i in range(3)]
+    queue.close()
+
+    assert all(future.done() and future.result() is None for future in queued)
+    assert set(_stored(db)) == {"q0", "q1", "q2"}
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.submit_nowait("late")

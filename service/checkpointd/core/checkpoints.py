@@ -8,16 +8,20 @@ before the metadata row that references them is committed.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import hashlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -38,7 +42,7 @@ from checkpointd.core.errors import (
     Reason,
     ResourceExhausted,
 )
-from checkpointd.core.faults import Point, crash_point
+from checkpointd.core.faults import Point, crash_point, may_stall
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.index import StatIndex
 from checkpointd.core.journal import Goal, JournalEntry, RollbackJournal, new_temp_tag
@@ -101,6 +105,12 @@ class KnownPlan:
     workspace_root: str | None
 
 
+#: Largest state a create stores on an event loop (hashing and compressing it takes microseconds);
+#: a larger one is stored by a thread. Below the store's limit for packed objects.
+LOOP_STATE_LIMIT = 64 * 1024
+#: How a caller on an event loop runs a blocking function: in a thread, awaiting its result.
+RunBlocking = Callable[..., Awaitable[Any]]
+
 #: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
 MAX_REMEMBERED_PLANS = 100_000
 
@@ -138,6 +148,36 @@ class _CreateArguments:
     labels: dict[str, str]
     request_id: str
     fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class _StartedCreate:
+    """A create started on an event loop: its row waits in the group commit."""
+
+    new: _CreateArguments
+    row: CheckpointRecord
+    committed: Future[None]
+    #: Releases the plan's lock and the store's fence, once the commit has ended.
+    release: Callable[[], None]
+
+
+async def _committed(commit: Future[None]) -> None:
+    """Waits on the event loop for a commit made by another thread. Cancelling the waiter
+    leaves the commit alone (it cannot be called back)."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def settle() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def wake(_commit: Future[None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle)
+
+    commit.add_done_callback(wake)
+    await waiter
+    commit.result()
 
 
 @dataclass(slots=True)
@@ -243,10 +283,35 @@ class Checkpoints:
                 session.rollback()
 
     def close(self) -> None:
-        """Stops the snapshot engine's reader processes; a capture still running reads its files itself."""
+        """Writes what waits in the group commit, then stops the snapshot engine's reader
+        processes; a capture still running reads its files itself."""
+        self._new_checkpoints.close()
         self.snapshotter.close()
 
     # -- plumbing -----------------------------------------------------------------------
+
+    def _try_plan_lock(self, plan_id: str) -> Callable[[], None] | None:
+        """The plan's lock if no other operation holds or awaits it (for an event loop, on
+        SQLite: no advisory lock): its release, else None."""
+        with self._locks_guard:
+            entry = self._locks.get(plan_id)
+            if entry is not None:
+                return None
+            entry = self._locks[plan_id] = _PlanLock(users=1)
+            entry.lock.acquire()
+
+        def release() -> None:
+            entry.lock.release()
+            self._leave_plan_lock(plan_id, entry)
+
+        return release
+
+    def _leave_plan_lock(self, plan_id: str, entry: _PlanLock) -> None:
+        # The last user drops the lock, so that the map holds only the plans in use.
+        with self._locks_guard:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._locks[plan_id]
 
     @contextmanager
     def _plan_lock(self, plan_id: str) -> Iterator[None]:
@@ -261,11 +326,7 @@ class Checkpoints:
             with entry.lock, self.db.advisory_lock(f"plan:{plan_id}"):
                 yield
         finally:
-            # The last user drops the lock, so that the map holds only the plans in use.
-            with self._locks_guard:
-                entry.users -= 1
-                if entry.users == 0:
-                    del self._locks[plan_id]
+            self._leave_plan_lock(plan_id, entry)
 
     def _resolve_root(self, raw: str) -> str:
         if not os.path.isabs(raw) or "\0" in raw:
@@ -436,7 +497,8 @@ class Checkpoints:
 
     # -- operations ---------------------------------------------------------------------
 
-    def create(self, req: CreateRequest) -> Checkpoint:
+    def _arguments(self, req: CreateRequest) -> _CreateArguments:
+        """A CreateCheckpoint, validated."""
         plan_id = validation.plan_id(req.plan_id)
         trigger = req.trigger or Trigger.MANUAL
         if trigger in SERVER_ONLY_TRIGGERS:
@@ -452,21 +514,27 @@ class Checkpoints:
         fingerprint = _fingerprint(plan=plan_id, trigger=trigger, phase=phase, tool=req.source_tool, labels=labels,
                                    description=req.description, state=hashlib.sha256(req.state).hexdigest(),
                                    root=req.workspace_root) if request_id else ""
-        with self._plan_lock(plan_id), self.store.referencing():
-            if request_id:
+        return _CreateArguments(plan_id, req, trigger, phase, labels, request_id, fingerprint)
+
+    def create(self, req: CreateRequest) -> Checkpoint:
+        new = self._arguments(req)
+        with self._plan_lock(new.plan_id), self.store.referencing():
+            if new.request_id:
                 with self.db.session() as session:
-                    op = self._replayed(session, request_id, "CreateCheckpoint", fingerprint)
+                    op = self._replayed(session, new.request_id, "CreateCheckpoint", new.fingerprint)
                     if op is not None:
                         return Checkpoint(self._load(session, op.result["checkpoint_id"]))
-            new = _CreateArguments(plan_id, req, trigger, phase, labels, request_id, fingerprint)
             try:
                 return self._capture_and_record(new)
             except _PlanRootRecorded:
-                # Another replica recorded the plan's root since this one remembered the plan. Read
-                # again under this plan's lock, the root cannot change before the second attempt.
-                with self._plans_guard:
-                    self._plans.pop(plan_id, None)
-                return self._capture_and_record(new)
+                return self._record_again(new)
+
+    def _record_again(self, new: _CreateArguments) -> Checkpoint:
+        """Another replica recorded the plan's root since this one remembered the plan. Read
+        again under this plan's lock, the root cannot change before the second attempt."""
+        with self._plans_guard:
+            self._plans.pop(new.plan_id, None)
+        return self._capture_and_record(new)
 
     def _capture_and_record(self, new: _CreateArguments) -> Checkpoint:
         """Captures the plan's workspace (if it has one) and records the checkpoint, under the plan's lock."""
@@ -479,21 +547,113 @@ class Checkpoints:
         row = self._new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
                             phase=new.phase.value, trigger=new.trigger.value, source_tool=req.source_tool,
                             description=req.description, labels=new.labels)
-        result = {"checkpoint_id": row.checkpoint_id}
-        operation = _operation(new.request_id, "CreateCheckpoint", new.fingerprint, result) if new.request_id else None
         try:
-            self._new_checkpoints.submit(_NewCheckpoint(row, operation))
+            self._new_checkpoints.submit(_NewCheckpoint(row, self._create_operation(new, row)))
         except IntegrityError:
-            if not new.request_id:
+            winner = self._replayed_create(new)
+            if winner is None:
                 raise
-            # Another replica recorded the same request_id first: replay its checkpoint.
-            with self.db.session() as session:
-                winner = self._replayed(session, new.request_id, "CreateCheckpoint", new.fingerprint)
-                if winner is None:
-                    raise
-                return Checkpoint(self._load(session, winner.result["checkpoint_id"]))
+            return winner
         crash_point(Point.CREATE_COMMITTED)
         return Checkpoint(row)
+
+    @staticmethod
+    def _create_operation(new: _CreateArguments, row: CheckpointRecord) -> dict[str, object] | None:
+        if not new.request_id:
+            return None
+        return _operation(new.request_id, "CreateCheckpoint", new.fingerprint, {"checkpoint_id": row.checkpoint_id})
+
+    def _replayed_create(self, new: _CreateArguments) -> Checkpoint | None:
+        """After a create's row failed to insert: the checkpoint recorded first under its request_id
+        (by another replica, or by the first attempt of a retried call), if that is why."""
+        if not new.request_id:
+            return None
+        with self.db.session() as session:
+            winner = self._replayed(session, new.request_id, "CreateCheckpoint", new.fingerprint)
+            return Checkpoint(self._load(session, winner.result["checkpoint_id"])) if winner is not None else None
+
+    async def create_async(self, req: CreateRequest, run_blocking: RunBlocking) -> Checkpoint:
+        """``create`` for an asyncio server, whose event loop must never wait on a lock, a read or a sync.
+
+        A state-only create whose every step can be taken at once runs on the loop up to its
+        commit, which the group commit's thread writes while the loop serves other calls (see
+        ``_start_on_loop``). Any other create runs ``create`` in a thread through ``run_blocking``."""
+        started = self._start_on_loop(req)
+        if started is None:
+            return await run_blocking(self.create, req)
+        try:
+            await _committed(started.committed)
+        except asyncio.CancelledError:
+            # The commit goes on without its caller; the plan stays locked until it ends.
+            started.committed.add_done_callback(lambda _: started.release())
+            raise
+        except Exception as error:
+            try:
+                return await run_blocking(self._after_failed_commit, started, error)
+            finally:
+                started.release()
+        try:
+            crash_point(Point.CREATE_COMMITTED)
+        finally:
+            started.release()
+        return Checkpoint(started.row)
+
+    def _start_on_loop(self, req: CreateRequest) -> _StartedCreate | None:
+        """Starts a state-only create without waiting for anything, or returns None when it
+        cannot: it has a workspace or a state over ``LOOP_STATE_LIMIT``; its plan is not
+        remembered or has a workspace; the plan is busy or garbage collection holds the store;
+        the database or the store can block (PostgreSQL, the database store); a fault that
+        stalls is configured. Holds the plan's lock and the store's fence until ``release``.
+
+        A request_id is not looked up first (a read): a retried call's row fails to insert, and
+        ``_after_failed_commit`` replays the first checkpoint as ``create`` would have."""
+        if req.workspace_root or len(req.state) > LOOP_STATE_LIMIT or not self.db.is_sqlite \
+                or may_stall(Point.CREATE_CAPTURED, Point.CREATE_COMMITTED):
+            return None
+        new = self._arguments(req)
+        plan = self._plans.get(new.plan_id)
+        if plan is None or plan.workspace_root is not None:
+            return None
+        release_plan = self._try_plan_lock(new.plan_id)
+        if release_plan is None:
+            return None
+        release_store = self.store.try_referencing()
+        if release_store is None:
+            release_plan()
+            return None
+
+        def release() -> None:
+            release_store()
+            release_plan()
+
+        batch = self.store.batch()
+        try:
+            state_digest = batch.put_bytes(req.state) if req.state else None
+            row = self._new_row(plan, None, [], [], state_digest, len(req.state), phase=new.phase.value,
+                                trigger=new.trigger.value, source_tool=req.source_tool,
+                                description=req.description, labels=new.labels)
+
+            def make_durable() -> None:
+                batch.commit()
+                crash_point(Point.CREATE_CAPTURED)
+
+            committed = self._new_checkpoints.submit_nowait(_NewCheckpoint(row, self._create_operation(new, row)),
+                                                            prepare=make_durable)
+        except BaseException:
+            batch.abort()
+            release()
+            raise
+        return _StartedCreate(new, row, committed, release)
+
+    def _after_failed_commit(self, started: _StartedCreate, error: Exception) -> Checkpoint:
+        """What ``create`` would have answered where a create started on the loop failed to commit."""
+        if isinstance(error, _PlanRootRecorded):
+            return self._record_again(started.new)
+        if isinstance(error, IntegrityError):
+            winner = self._replayed_create(started.new)
+            if winner is not None:
+                return winner
+        raise error
 
     def get(self, checkpoint_id: str, with_state: bool = False) -> Checkpoint:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)

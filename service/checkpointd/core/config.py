@@ -203,6 +203,7 @@ class ConfigStore:
         self.db = db
         self._changed = threading.Condition()
         self._version = 0
+        self._listeners: list[Callable[[], None]] = []
         self._cache: dict[tuple[str, tuple[str, ...]], tuple[int, dict[str, Effective]]] | None = (
             {} if db.is_sqlite else None)
 
@@ -288,6 +289,21 @@ class ConfigStore:
         with self._changed:
             self._version += 1
             self._changed.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``listener`` (on the changing thread; it must not block) after every local change
+        and on ``wake_all``, for watchers that cannot wait on a thread; returns its removal."""
+        with self._changed:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._changed:
+                self._listeners.remove(listener)
+
+        return remove
 
     def wait_for_change(self, seen_version: int, timeout: float) -> int:
         """Blocks until a local change after ``seen_version`` or the timeout; returns the version.

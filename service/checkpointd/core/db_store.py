@@ -149,6 +149,10 @@ class DatabaseStore:
             finally:
                 self._leave_replica_fence()
 
+    def try_referencing(self) -> Callable[[], None] | None:
+        """Always None: taking the fence may wait for the database (see ``referencing``)."""
+        return None
+
     def _enter_replica_fence(self) -> None:
         with self._fence:
             if self._fence_turn_is_over():

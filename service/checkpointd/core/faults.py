@@ -103,6 +103,12 @@ def active() -> bool:
     return bool(_FAULTS)
 
 
+def may_stall(*points: Point) -> bool:
+    """Whether reaching one of ``points`` may wait (a SLOW or PAUSE fault is configured there):
+    such a point must not be reached on an event loop, where it would stall every call."""
+    return any(fault.action in (Action.SLOW, Action.PAUSE) for point in points for fault in _FAULTS.get(point, ()))
+
+
 def crash_point(point: Point) -> None:
     """Reached at ``point``: does nothing unless a fault is configured for it."""
     faults = _FAULTS.get(point)

@@ -138,9 +138,20 @@ class SharedExclusiveLock:
         try:
             yield
         finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
+            self._release_shared()
+
+    def try_shared(self) -> Callable[[], None] | None:
+        """The shared side if it can be had without waiting: its release, else None."""
+        with self._cond:
+            if self._exclusive:
+                return None
+            self._shared += 1
+        return self._release_shared
+
+    def _release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -273,6 +284,11 @@ class ContentStore:
         """Hold while writing objects and committing the metadata that references them:
         an object found to exist (and so not rewritten) cannot be collected meanwhile."""
         return self._gc_fence.shared()
+
+    def try_referencing(self) -> Callable[[], None] | None:
+        """``referencing`` without waiting (for an event loop): its release, or None while
+        garbage collection holds the store."""
+        return self._gc_fence.try_shared()
 
     def collecting(self) -> contextlib.AbstractContextManager[None]:
         """Held by garbage collection: no checkpoint is between its objects and its row."""
