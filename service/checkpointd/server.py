@@ -1,16 +1,24 @@
 """Assembles the gRPC server: services, health, reflection, listeners and their security,
-metrics, periodic retention + GC, graceful drain."""
+metrics, periodic retention + GC, graceful drain.
+
+The server is a ``grpc.aio`` server on an event loop of its own thread, so that a state-only
+CreateCheckpoint is served on the loop without a thread switch (see ``Checkpoints.create_async``);
+every other call runs in a thread pool, as on a sync server. ``CheckpointdServer``'s own methods
+are plain ones, called from any thread."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import Coroutine
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,10 +32,10 @@ from checkpoint.v1 import (
 )
 from checkpointd.api.access import AccessInterceptor
 from checkpointd.api.auth import BearerTokenInterceptor, OpenService, TokenSource
-from checkpointd.api.checkpoint_servicer import CheckpointServicer
-from checkpointd.api.config_servicer import ConfigServicer
+from checkpointd.api.checkpoint_servicer import AsyncCheckpointServicer
+from checkpointd.api.config_servicer import AsyncConfigServicer
 from checkpointd.api.drain import Drain, DrainInterceptor
-from checkpointd.api.interceptors import ErrorInterceptor
+from checkpointd.api.interceptors import ErrorInterceptor, HandlerInterceptor
 from checkpointd.core import telemetry
 from checkpointd.core.checkpoints import Checkpoints, EngineSettings
 from checkpointd.core.config import ConfigStore
@@ -38,6 +46,7 @@ from checkpointd.datadir_lock import DataDirLock, ServingLock
 from checkpointd.listeners import Listener, ListenerError, TlsFiles, is_loopback, parse_listen
 
 log = logging.getLogger("checkpointd")
+T = TypeVar("T")
 
 SERVICE_NAMES = (
     checkpoint_service_pb2.DESCRIPTOR.services_by_name["CheckpointService"].full_name,
@@ -60,9 +69,10 @@ class ServerSettings:
     store: str = StoreKind.DISK.value
     #: Watch workspaces so that a checkpoint re-examines only what changed (off: full scans).
     watcher: bool = True
+    #: Threads that run the calls not served on the event loop.
     max_workers: int = 32
     grace_seconds: float = 30.0
-    extra_interceptors: tuple[grpc.ServerInterceptor, ...] = field(default=())
+    extra_interceptors: tuple[grpc.aio.ServerInterceptor, ...] = field(default=())
     #: Permission bits of unix sockets (created owner-only, then set to this).
     socket_mode: int = 0o660
     #: When set, every call (except ``open_services``) needs ``authorization: Bearer <token>``.
@@ -154,16 +164,34 @@ class CheckpointdServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self.drain = Drain()
-        self.health = health.HealthServicer(experimental_non_blocking=True)
-        interceptors: list[grpc.ServerInterceptor] = [
+        self._executor = futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc")
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
+        self._loop_thread.start()
+        self.addresses: list[str] = []
+        self.metrics_address = ""
+        self._unix_paths: list[str] = []
+        self._maintenance_thread: threading.Thread | None = None
+        self._on_loop(self._build(listeners))
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Runs ``coroutine`` on the server's event loop and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _build(self, listeners: list[Listener]) -> None:
+        """Made on the loop: the asyncio server and its health servicer belong to the loop they are made on."""
+        settings = self.settings
+        self.health = health.aio.HealthServicer()
+        interceptors: list[HandlerInterceptor] = [
             AccessInterceptor(self.metrics, quiet_services=_ALWAYS_OPEN),
             DrainInterceptor(self.drain, _ALWAYS_OPEN),
         ]
         if settings.token is not None:
             interceptors.append(BearerTokenInterceptor(settings.token, settings.open_services))
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="rpc"),
-            interceptors=[*interceptors, *settings.extra_interceptors, ErrorInterceptor()],
+        self.server = grpc.aio.server(
+            migration_thread_pool=self._executor,
+            interceptors=[*(i.for_asyncio() for i in interceptors), *settings.extra_interceptors,
+                          ErrorInterceptor().for_asyncio()],
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -171,16 +199,12 @@ class CheckpointdServer:
             ],
         )
         checkpoint_service_pb2_grpc.add_CheckpointServiceServicer_to_server(
-            CheckpointServicer(self.checkpoints), self.server)
+            AsyncCheckpointServicer(self.checkpoints, self._executor), self.server)
         config_service_pb2_grpc.add_ConfigServiceServicer_to_server(
-            ConfigServicer(self.config, self._stopping.is_set), self.server)
+            AsyncConfigServicer(self.config, self._stopping.is_set, self._executor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
-        self.addresses: list[str] = []
-        self.metrics_address = ""
-        self._unix_paths: list[str] = []
-        self._maintenance_thread: threading.Thread | None = None
         for listener in listeners:
             self.addresses.append(self._add_listener(listener))
 
@@ -210,14 +234,17 @@ class CheckpointdServer:
         if self.metrics is not None:
             telemetry.bind(self.metrics)
             self.metrics_address = self.metrics.serve(self.settings.metrics_listen)
-        self.server.start()
-        for name in ("", *SERVICE_NAMES):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._on_loop(self._start())
         if self.settings.gc_interval_seconds > 0:
             self._maintenance_thread = threading.Thread(target=self._maintenance_loop, name="maintenance",
                                                         daemon=True)
             self._maintenance_thread.start()
         log.info("checkpointd listening on %s", " ".join(self.addresses))
+
+    async def _start(self) -> None:
+        await self.server.start()
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def run_maintenance(self, dry_run: bool = False) -> MaintenanceReport:
         """Retention then GC, now (the periodic task calls this too)."""
@@ -241,13 +268,16 @@ class CheckpointdServer:
             return
         grace = self.settings.grace_seconds if grace is None else grace
         self._stopping.set()
-        self.health.enter_graceful_shutdown()
+        self._on_loop(self.health.enter_graceful_shutdown())
         self.drain.begin()
         self.config.wake_all()
         log.info("draining: %d call(s) in flight", self.drain.in_flight)
         if not self.drain.wait_idle(grace):
             log.warning("grace period of %ss ended with %d call(s) still running", grace, self.drain.in_flight)
-        self.server.stop(0).wait()
+        self._on_loop(self.server.stop(0))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join()
+        self._executor.shutdown(wait=True, cancel_futures=True)
         if self._maintenance_thread is not None:
             self._maintenance_thread.join(timeout=grace)
         for path in self._unix_paths:
@@ -269,6 +299,5 @@ class CheckpointdServer:
                 lock.release()
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
-        if self._stopping.is_set():
-            self._stopped.wait()
+        """Returns once the server has stopped."""
+        self._stopped.wait()

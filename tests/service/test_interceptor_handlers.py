@@ -23,12 +23,12 @@ from tests.helpers import error_info
 CREATE = "/checkpoint.v1.CheckpointService/CreateCheckpoint"
 
 
-class FreshHandlerEachCall(grpc.ServerInterceptor):
+class FreshHandlerEachCall(grpc.aio.ServerInterceptor):
     """Sits between the server's own interceptors and hands out a new (equivalent) handler on
     every call, as an interceptor that rebuilds its wrapping per call would."""
 
-    def intercept_service(self, continuation, details):
-        handler = continuation(details)
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
         if handler is None or handler.unary_unary is None:
             return handler
         return grpc.unary_unary_rpc_method_handler(handler.unary_unary, handler.request_deserializer,
@@ -51,7 +51,7 @@ def wraps(monkeypatch) -> Counter:
 
 
 @contextmanager
-def _serve(base: Path, extra: tuple[grpc.ServerInterceptor, ...] = ()) -> Iterator[pb_grpc.CheckpointServiceStub]:
+def _serve(base: Path, extra: tuple[grpc.aio.ServerInterceptor, ...] = ()) -> Iterator[pb_grpc.CheckpointServiceStub]:
     settings = ServerSettings(listen=("127.0.0.1:0",), data_dir=base / "data",
                               workspace_roots=(str(base),), extra_interceptors=extra)
     server = CheckpointdServer(settings)

@@ -9,15 +9,16 @@ refused by authentication or drain.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
 import grpc
 
-from checkpointd.api.interceptors import MethodWrapper
+from checkpointd.api.interceptors import MethodWrapper, begin_call, is_async, outcome
 from checkpointd.core import validation
 from checkpointd.logging_setup import request_context
 
@@ -64,8 +65,9 @@ class AccessInterceptor(MethodWrapper):
 
     def _finish(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, started: float,
                 response: Any, fields: dict[str, str]) -> None:
-        """Records the call now; writes its access line once the reply has gone (gRPC runs the
-        call's callbacks after sending its status), so the caller never waits for the log."""
+        """Records the call now; writes its access line once the reply has gone where the server
+        can say when (a sync server's callbacks, an asyncio server's done callbacks), so the
+        caller never waits for the log."""
         seconds = time.monotonic() - started
         if self.recorder is not None:
             self.recorder.record_rpc(method, code, seconds, response)
@@ -76,28 +78,30 @@ class AccessInterceptor(MethodWrapper):
         if safety:
             extra["safety_checkpoint_id"] = safety
 
-        def write() -> None:
+        def write(*_done: object) -> None:
             log.log(logging.DEBUG if quiet else logging.INFO, "%s %s %.1fms", method, code.name, seconds * 1000,
                     extra=extra)
 
-        if not context.add_callback(write):
+        add_done_callback = getattr(context, "add_done_callback", None)
+        if add_done_callback is not None:
+            add_done_callback(write)
+        elif not context.add_callback(write):
             write()
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         finish = self._finish
 
         def context_of(request: Any, context: grpc.ServicerContext) -> dict[str, str]:
+            begin_call()
             return {
                 "plan_id": _field(request, "plan_id"),
                 "checkpoint_id": _field(request, "checkpoint_id") or _field(request, "base_checkpoint_id"),
                 "request_id": _request_id(request, context.invocation_metadata()),
             }
 
-        def outcome(context: grpc.ServicerContext, failed: bool) -> grpc.StatusCode:
-            code = context.code()
-            if isinstance(code, grpc.StatusCode):
-                return code
-            return grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        def with_created(response: Any, fields: dict[str, str]) -> dict[str, str]:
+            created = _checkpoint_in(response, "checkpoint")
+            return {**fields, "checkpoint_id": created} if created and not fields["checkpoint_id"] else fields
 
         def run_unary(behaviour: Callable, request: Any, context: grpc.ServicerContext, fields: dict) -> Any:
             started = time.monotonic()
@@ -108,10 +112,23 @@ class AccessInterceptor(MethodWrapper):
                 except BaseException:
                     finish(context, method, outcome(context, True), started, None, fields)
                     raise
-                created = _checkpoint_in(response, "checkpoint")
-                if created and not fields["checkpoint_id"]:
-                    fields = {**fields, "checkpoint_id": created}
-                finish(context, method, outcome(context, False), started, response, fields)
+                finish(context, method, outcome(context, False), started, response, with_created(response, fields))
+                return response
+
+        async def run_unary_async(behaviour: Callable, request: Any, context: grpc.aio.ServicerContext,
+                                  fields: dict) -> Any:
+            started = time.monotonic()
+            with request_context(**fields):
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, fields["request_id"]),))
+                try:
+                    response = await behaviour(request, context)
+                except asyncio.CancelledError:
+                    finish(context, method, grpc.StatusCode.CANCELLED, started, None, fields)
+                    raise
+                except BaseException:
+                    finish(context, method, outcome(context, True), started, None, fields)
+                    raise
+                finish(context, method, outcome(context, False), started, response, with_created(response, fields))
                 return response
 
         def run_stream(behaviour: Callable, request: Any, context: grpc.ServicerContext,
@@ -125,22 +142,50 @@ class AccessInterceptor(MethodWrapper):
                 finally:
                     finish(context, method, outcome(context, failed), started, None, fields)
 
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-            return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: run_unary(inner, request, context, context_of(request, context)),
+        behaviour, make, unary_request = _behaviour(handler)
+        if is_async(behaviour):
+            if make in (grpc.unary_unary_rpc_method_handler, grpc.stream_unary_rpc_method_handler):
+                async def one_async(argument: Any, context: grpc.aio.ServicerContext) -> Any:
+                    request = argument if unary_request else None
+                    return await run_unary_async(behaviour, argument, context, context_of(request, context))
+
+                return make(one_async, handler.request_deserializer, handler.response_serializer)
+
+            async def many_async(argument: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                fields = context_of(argument if unary_request else None, context)
+                started = time.monotonic()
+                with request_context(**fields):
+                    code = None
+                    try:
+                        async for response in behaviour(argument, context):
+                            yield response
+                    except (asyncio.CancelledError, GeneratorExit):
+                        code = grpc.StatusCode.CANCELLED
+                        raise
+                    except BaseException:
+                        code = outcome(context, True)
+                        raise
+                    finally:
+                        finish(context, method, code or outcome(context, False), started, None, fields)
+
+            return make(many_async, handler.request_deserializer, handler.response_serializer)
+        if make in (grpc.unary_unary_rpc_method_handler, grpc.stream_unary_rpc_method_handler):
+            return make(lambda argument, context: run_unary(
+                behaviour, argument, context, context_of(argument if unary_request else None, context)),
                 handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
-            return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: run_stream(inner_us, request, context, context_of(request, context)),
-                handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary is not None:
-            inner_su = handler.stream_unary
-            return grpc.stream_unary_rpc_method_handler(
-                lambda requests, context: run_unary(inner_su, requests, context, context_of(None, context)),
-                handler.request_deserializer, handler.response_serializer)
-        inner_ss = handler.stream_stream
-        return grpc.stream_stream_rpc_method_handler(
-            lambda requests, context: run_stream(inner_ss, requests, context, context_of(None, context)),
+        return make(lambda argument, context: run_stream(
+            behaviour, argument, context, context_of(argument if unary_request else None, context)),
             handler.request_deserializer, handler.response_serializer)
+
+
+def _behaviour(handler: grpc.RpcMethodHandler) -> tuple[Callable, Callable, bool]:
+    """A handler's behaviour, the function that makes a handler of its shape, and whether its
+    request is one message."""
+    if handler.unary_unary is not None:
+        return handler.unary_unary, grpc.unary_unary_rpc_method_handler, True
+    if handler.unary_stream is not None:
+        return handler.unary_stream, grpc.unary_stream_rpc_method_handler, True
+    if handler.stream_unary is not None:
+        return handler.stream_unary, grpc.stream_unary_rpc_method_handler, False
+    return handler.stream_stream, grpc.stream_stream_rpc_method_handler, False
+

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status
+from checkpointd.api.interceptors import HandlerInterceptor, abort, abort_async, is_async
 from checkpointd.core.errors import Reason
 
 log = logging.getLogger("checkpointd.auth")
@@ -122,39 +123,48 @@ def _service_of(method: str) -> str:
 
 
 def _rejecting(handler: grpc.RpcMethodHandler, method: str, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that fails with UNAUTHENTICATED."""
+    """A handler of the same shape (and kind: coroutine or plain) as ``handler`` that fails with UNAUTHENTICATED."""
+    status = rpc_status.to_status(rich_status(grpc.StatusCode.UNAUTHENTICATED, message,
+                                              Reason.UNAUTHENTICATED.value, {"method": method}))
 
     def reject(_request: Any, context: grpc.ServicerContext) -> Any:
-        status = rich_status(grpc.StatusCode.UNAUTHENTICATED, message, Reason.UNAUTHENTICATED.value,
-                             {"method": method})
-        context.abort_with_status(rpc_status.to_status(status))
+        abort(context, status)
 
-    kinds: list[tuple[Callable | None, Callable]] = [
-        (handler.unary_unary, grpc.unary_unary_rpc_method_handler),
-        (handler.unary_stream, grpc.unary_stream_rpc_method_handler),
-        (handler.stream_unary, grpc.stream_unary_rpc_method_handler),
-        (handler.stream_stream, grpc.stream_stream_rpc_method_handler),
+    async def reject_async(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await abort_async(context, status)
+
+    async def reject_stream_async(_request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await abort_async(context, status)
+        yield
+
+    kinds: list[tuple[Callable | None, Callable, bool]] = [
+        (handler.unary_unary, grpc.unary_unary_rpc_method_handler, False),
+        (handler.unary_stream, grpc.unary_stream_rpc_method_handler, True),
+        (handler.stream_unary, grpc.stream_unary_rpc_method_handler, False),
+        (handler.stream_stream, grpc.stream_stream_rpc_method_handler, True),
     ]
-    for behaviour, make in kinds:
-        if behaviour is not None:
-            return make(reject, handler.request_deserializer, handler.response_serializer)
+    for behaviour, make, streams in kinds:
+        if behaviour is None:
+            continue
+        if is_async(behaviour):
+            return make(reject_stream_async if streams else reject_async, handler.request_deserializer,
+                        handler.response_serializer)
+        return make(reject, handler.request_deserializer, handler.response_serializer)
     raise AssertionError(f"handler for {method} has no behaviour")
 
 
-class BearerTokenInterceptor(grpc.ServerInterceptor):
+class BearerTokenInterceptor(HandlerInterceptor):
     def __init__(self, tokens: TokenSource, open_services: frozenset[OpenService] = frozenset()) -> None:
         self.tokens = tokens
         self.open_service_names = frozenset().union(*(s.service_names for s in open_services))
 
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        if _service_of(details.method) in self.open_service_names:
-            return continuation(details)
+    def decorate(self, details: grpc.HandlerCallDetails,
+                 handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+        if handler is None or _service_of(details.method) in self.open_service_names:
+            return handler
         presented = _presented_token(details.invocation_metadata)
         if presented is not None and hmac.compare_digest(presented, self.tokens.current()):
-            return continuation(details)
-        handler = continuation(details)
-        if handler is None:
-            return None
+            return handler
         if presented is None:
             message = "this server requires a bearer token: send metadata 'authorization: Bearer <token>'"
         else:

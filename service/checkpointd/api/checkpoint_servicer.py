@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import TypeVar
+
 import grpc
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
@@ -9,23 +14,15 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
 from checkpointd.core.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
 
+T = TypeVar("T")
+
 
 class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def __init__(self, checkpoints: Checkpoints) -> None:
         self.checkpoints = checkpoints
 
     def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
-        created = self.checkpoints.create(CreateRequest(
-            plan_id=request.plan_id,
-            trigger=convert.from_proto_enum(convert.TRIGGERS, request.trigger, "trigger"),
-            phase=convert.from_proto_enum(convert.PHASES, request.phase, "phase"),
-            source_tool=request.source_tool,
-            labels=dict(request.labels),
-            description=request.description,
-            state=request.state,
-            workspace_root=request.workspace_root,
-            request_id=request.request_id,
-        ))
+        created = self.checkpoints.create(_create_request(request))
         return pb.CreateCheckpointResponse(checkpoint=convert.checkpoint(created))
 
     def GetCheckpoint(self, request: pb.GetCheckpointRequest, context: grpc.ServicerContext):
@@ -62,3 +59,34 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         if result.safety is not None:
             response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
         return response
+
+
+class AsyncCheckpointServicer(CheckpointServicer):
+    """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
+    create is served on the event loop, see ``Checkpoints.create_async``); every other method is
+    a plain function, which the server runs in ``executor``."""
+
+    def __init__(self, checkpoints: Checkpoints, executor: Executor) -> None:
+        super().__init__(checkpoints)
+        self.executor = executor
+
+    def _run_blocking(self, function: Callable[..., T], *arguments: object) -> Awaitable[T]:
+        return asyncio.get_running_loop().run_in_executor(self.executor, function, *arguments)
+
+    async def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.aio.ServicerContext):
+        created = await self.checkpoints.create_async(_create_request(request), self._run_blocking)
+        return pb.CreateCheckpointResponse(checkpoint=convert.checkpoint(created))
+
+
+def _create_request(request: pb.CreateCheckpointRequest) -> CreateRequest:
+    return CreateRequest(
+        plan_id=request.plan_id,
+        trigger=convert.from_proto_enum(convert.TRIGGERS, request.trigger, "trigger"),
+        phase=convert.from_proto_enum(convert.PHASES, request.phase, "phase"),
+        source_tool=request.source_tool,
+        labels=dict(request.labels),
+        description=request.description,
+        state=request.state,
+        workspace_root=request.workspace_root,
+        request_id=request.request_id,
+    )

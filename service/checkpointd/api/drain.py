@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import to_status
-from checkpointd.api.interceptors import MethodWrapper
+from checkpointd.api.interceptors import MethodWrapper, abort, abort_async, is_async
 from checkpointd.core.errors import Reason, Unavailable
 
 
@@ -57,9 +57,9 @@ class Drain:
             return self._cond.wait_for(lambda: self._in_flight == 0, timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _refuse(context: grpc.ServicerContext) -> None:
+def _refusal() -> grpc.Status:
     error = Unavailable(Reason.SHUTTING_DOWN, "checkpointd is shutting down; retry elsewhere or later")
-    context.abort_with_status(rpc_status.to_status(to_status(error)))
+    return rpc_status.to_status(to_status(error))
 
 
 class DrainInterceptor(MethodWrapper):
@@ -72,28 +72,45 @@ class DrainInterceptor(MethodWrapper):
         if method.lstrip("/").partition("/")[0] in self.always_open:
             return handler
         drain = self.drain
+        deserializer, serializer = handler.request_deserializer, handler.response_serializer
         if handler.unary_unary is not None:
             inner = handler.unary_unary
+            if is_async(inner):
+                async def unary_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    if not drain.admit():
+                        await abort_async(context, _refusal())
+                    try:
+                        return await inner(request, context)
+                    finally:
+                        drain.done()
+
+                return grpc.unary_unary_rpc_method_handler(unary_async, deserializer, serializer)
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 if not drain.admit():
-                    _refuse(context)
+                    abort(context, _refusal())
                 try:
                     return inner(request, context)
                 finally:
                     drain.done()
 
-            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
-                                                       handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(unary, deserializer, serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
+            # Watch streams are not waited for: they end when the server stops.
+            if is_async(inner_stream):
+                async def stream_async(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                    if drain.draining:
+                        await abort_async(context, _refusal())
+                    async for response in inner_stream(request, context):
+                        yield response
+
+                return grpc.unary_stream_rpc_method_handler(stream_async, deserializer, serializer)
 
             def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                # Watch streams are not waited for: they end when the server stops.
                 if drain.draining:
-                    _refuse(context)
+                    abort(context, _refusal())
                 yield from inner_stream(request, context)
 
-            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
-                                                        handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(stream, deserializer, serializer)
         return handler

@@ -1,12 +1,20 @@
 """Cross-cutting concerns, kept out of the servicers: turning domain errors into rich
-statuses, and one log line per call."""
+statuses, and one log line per call.
+
+The server is a ``grpc.aio`` server: a handler is either a coroutine (run on the event loop)
+or a plain function (run in the server's thread pool), and each interceptor wraps a handler
+with one of its own kind. The same interceptors also serve a sync ``grpc.server`` (tests run
+servicers in one through pytest-grpc).
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
+from typing import Any, NoReturn
 
 import grpc
 from grpc_status import rpc_status
@@ -16,15 +24,65 @@ from checkpointd.core.errors import CheckpointdError, InvalidArgument, Reason
 
 log = logging.getLogger("checkpointd.rpc")
 
+#: The code the current call was ended with by ``abort`` (the asyncio server's contexts for
+#: plain-function handlers cannot tell it afterwards).
+_aborted_with: ContextVar[grpc.StatusCode | None] = ContextVar("aborted_with", default=None)
 
-def _abort(context: grpc.ServicerContext, error: CheckpointdError) -> None:
-    context.abort_with_status(rpc_status.to_status(to_status(error)))
+
+def is_async(behaviour: Callable | None) -> bool:
+    """Whether a handler's behaviour runs on the event loop (a coroutine or async generator function)."""
+    return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
 
 
-def _abort_internal(context: grpc.ServicerContext, method: str) -> None:
-    log.exception("unexpected error in %s", method)
+def abort(context: Any, status: grpc.Status) -> NoReturn:
+    """Ends the call from a plain-function handler with ``status`` (its ErrorInfo in the trailers)."""
+    _aborted_with.set(status.code)
+    if hasattr(context, "abort_with_status"):
+        context.abort_with_status(status)
+    context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("abort returned")
+
+
+async def abort_async(context: grpc.aio.ServicerContext, status: grpc.Status) -> NoReturn:
+    """``abort`` for a coroutine handler."""
+    _aborted_with.set(status.code)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("abort returned")
+
+
+def begin_call() -> None:
+    """Forgets how an earlier call served by this thread ended (called as a call enters the
+    interceptors, and again where it enters ``ErrorInterceptor``)."""
+    _aborted_with.set(None)
+
+
+def outcome(context: Any, failed: bool) -> grpc.StatusCode:
+    """How the current call ended: the code it was aborted with, else OK, or UNKNOWN if it raised."""
+    code = _aborted_with.get()
+    if code is None and callable(getattr(context, "code", None)):
+        code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+
+
+def _already_ended(context: Any, error: Exception) -> bool:
+    """Whether ``error`` is the way an abort ends a handler (the call has its status)."""
+    return isinstance(error, grpc.aio.AbortError) or outcome(context, False) is not grpc.StatusCode.OK
+
+
+def failure_status(method: str, context: Any, error: Exception, started: float) -> grpc.Status | None:
+    """The status a handler's exception ends its call with: a domain error's own status, an
+    INTERNAL for anything else (logged); None when the call was already aborted."""
+    if isinstance(error, CheckpointdError):
+        log.info("%s -> %s %s (%.1f ms)", method, error.kind.name, error.reason.value,
+                 (time.monotonic() - started) * 1000)
+        return rpc_status.to_status(to_status(error))
+    if _already_ended(context, error):
+        return None
+    log.error("unexpected error in %s", method, exc_info=error)
     status = rich_status(grpc.StatusCode.INTERNAL, "internal error; see server log", "INTERNAL", {"method": method})
-    context.abort_with_status(rpc_status.to_status(status))
+    return rpc_status.to_status(status)
 
 
 class _Undecodable:
@@ -54,7 +112,30 @@ def _check_decoded(request: Any, method: str) -> None:
                               method=method)
 
 
-class MethodWrapper(grpc.ServerInterceptor):
+class HandlerInterceptor(grpc.ServerInterceptor):
+    """An interceptor that only decides which handler serves a call, from the call's details and
+    the handler beneath it; ``for_asyncio`` serves the same decision to a ``grpc.aio`` server."""
+
+    def decorate(self, details: grpc.HandlerCallDetails,
+                 handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+        raise NotImplementedError
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        return self.decorate(details, continuation(details))
+
+    def for_asyncio(self) -> grpc.aio.ServerInterceptor:
+        return _AsyncioInterceptor(self)
+
+
+class _AsyncioInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, interceptor: HandlerInterceptor) -> None:
+        self.interceptor = interceptor
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        return self.interceptor.decorate(details, await continuation(details))
+
+
+class MethodWrapper(HandlerInterceptor):
     """An interceptor whose wrapping depends only on the method and the handler beneath it.
 
     gRPC asks every interceptor for a handler on every call; building one (closures and a
@@ -69,15 +150,16 @@ class MethodWrapper(grpc.ServerInterceptor):
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler | None:
         raise NotImplementedError
 
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
+    def decorate(self, details: grpc.HandlerCallDetails,
+                 handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
         if handler is None:
             return None
-        cached = self._wrapped.get(details.method)
+        method = details.method
+        cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self.wrap(details.method, handler)
-        self._wrapped[details.method] = (handler, wrapped)
+        wrapped = self.wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
         return wrapped
 
 
@@ -85,41 +167,66 @@ class ErrorInterceptor(MethodWrapper):
     """Maps CheckpointdError to its status with ErrorInfo; anything else is a logged INTERNAL."""
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        deserializer, serializer = _tolerant(handler.request_deserializer), handler.response_serializer
         if handler.unary_unary is not None:
             inner = handler.unary_unary
+            if is_async(inner):
+                async def unary_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    started = time.monotonic()
+                    begin_call()
+                    try:
+                        _check_decoded(request, method)
+                        return await inner(request, context)
+                    except Exception as error:
+                        status = failure_status(method, context, error, started)
+                        if status is None:
+                            raise
+                        await abort_async(context, status)
+
+                return grpc.unary_unary_rpc_method_handler(unary_async, deserializer, serializer)
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 started = time.monotonic()
+                begin_call()
                 try:
                     _check_decoded(request, method)
-                    response = inner(request, context)
-                except CheckpointdError as error:
-                    log.info("%s -> %s %s (%.1f ms)", method, error.kind.name, error.reason.value,
-                             (time.monotonic() - started) * 1000)
-                    _abort(context, error)
-                except Exception:
-                    if context.code() is not None:
+                    return inner(request, context)
+                except Exception as error:
+                    status = failure_status(method, context, error, started)
+                    if status is None:
                         raise
-                    _abort_internal(context, method)
-                log.debug("%s -> OK (%.1f ms)", method, (time.monotonic() - started) * 1000)
-                return response
+                    abort(context, status)
 
-            return grpc.unary_unary_rpc_method_handler(unary, _tolerant(handler.request_deserializer),
-                                                       handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(unary, deserializer, serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
+            if is_async(inner_stream):
+                async def stream_async(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                    started = time.monotonic()
+                    begin_call()
+                    try:
+                        _check_decoded(request, method)
+                        async for response in inner_stream(request, context):
+                            yield response
+                    except Exception as error:
+                        status = failure_status(method, context, error, started)
+                        if status is None:
+                            raise
+                        await abort_async(context, status)
+
+                return grpc.unary_stream_rpc_method_handler(stream_async, deserializer, serializer)
 
             def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                started = time.monotonic()
+                begin_call()
                 try:
                     _check_decoded(request, method)
                     yield from inner_stream(request, context)
-                except CheckpointdError as error:
-                    _abort(context, error)
-                except Exception:
-                    if context.code() is not None:
+                except Exception as error:
+                    status = failure_status(method, context, error, started)
+                    if status is None:
                         raise
-                    _abort_internal(context, method)
+                    abort(context, status)
 
-            return grpc.unary_stream_rpc_method_handler(stream, _tolerant(handler.request_deserializer),
-                                                        handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(stream, deserializer, serializer)
         return handler
