@@ -1,12 +1,14 @@
-"""The floor of every checkpointd figure: a grpcio server, served the way checkpointd serves
-(sync server, checkpointd's default thread pool), whose CreateCheckpoint does nothing. What a call to it costs on
-this machine, no server in Python can go below; the bench prints it beside checkpointd's figures.
+"""The floor of every checkpointd figure: a grpcio server, served the way checkpointd serves (a ``grpc.aio``
+server whose CreateCheckpoint is a coroutine on the event loop, with checkpointd's default thread pool for the
+RPCs that are not), whose CreateCheckpoint does nothing. What a call to it costs on this machine, no server in
+Python can go below; the bench prints it beside checkpointd's figures.
 
     python -m tests.bench.floor_server 127.0.0.1:PORT
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from concurrent import futures
@@ -23,14 +25,14 @@ from checkpointd.server import ServerSettings  # noqa: E402
 from tests.bench.checkpointd_driver import STARTUP_LIMIT_SECONDS, ServerProcess, free_tcp_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: As many RPC threads as checkpointd serves with by default.
+#: As many threads as checkpointd's default pool for the RPCs it does not serve on the event loop.
 RPC_THREADS = ServerSettings.__dataclass_fields__["max_workers"].default
 
 
 class DoNothingCheckpoints(pb_grpc.CheckpointServiceServicer):
     """Answers CreateCheckpoint with a checkpoint of the request's plan, recording nothing."""
 
-    def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
+    async def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.aio.ServicerContext):
         return pb.CreateCheckpointResponse(checkpoint=pb.Checkpoint(
             checkpoint_id="01KB0000000000000000000000", plan_id=request.plan_id, sequence=1,
             trigger=request.trigger, source_tool=request.source_tool, description=request.description,
@@ -54,13 +56,17 @@ class FloorServer(ServerProcess):
                 raise RuntimeError(f"the floor server did not start; see {self.log_path}") from None
 
 
-def main() -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
+async def serve(target: str) -> None:
+    server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
     pb_grpc.add_CheckpointServiceServicer_to_server(DoNothingCheckpoints(), server)
-    if server.add_insecure_port(sys.argv[1]) == 0:
-        raise SystemExit(f"cannot listen on {sys.argv[1]}")
-    server.start()
-    server.wait_for_termination()
+    if server.add_insecure_port(target) == 0:
+        raise SystemExit(f"cannot listen on {target}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def main() -> None:
+    asyncio.run(serve(sys.argv[1]))
 
 
 if __name__ == "__main__":

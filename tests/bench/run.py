@@ -26,7 +26,6 @@ import platform  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -36,8 +35,9 @@ from typing import Any, TypeVar  # noqa: E402
 import grpc  # noqa: E402
 from ulid import ULID  # noqa: E402
 
-from tests.bench.checkpointd_driver import CheckpointdClient, CheckpointdServer  # noqa: E402
+from tests.bench.checkpointd_driver import CheckpointdClient, CheckpointdServer, ServerProcess  # noqa: E402
 from tests.bench.floor_server import FloorServer  # noqa: E402
+from tests.bench.load import STATE, WARMED_UP  # noqa: E402
 from tests.bench.measure import (  # noqa: E402
     apparent_size_bytes,
     children_by_parent,
@@ -159,7 +159,7 @@ class Options:
     first_repeat: int
     store_files: int
     store_checkpoints: int
-    throughput_threads: int
+    throughput_clients: list[int]
     throughput_requests: int
     systems: tuple[str, ...]
     metrics: tuple[str, ...]
@@ -175,16 +175,18 @@ def parse_options(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="1k+10k files, 3 repeats, 1 first-checkpoint repeat, store at 1k files x 200 "
-                             "checkpoints, 250 throughput calls per thread (explicit flags still win)")
+                             "checkpoints, 1000 throughput calls per round (explicit flags still win)")
     parser.add_argument("--sizes", help="comma-separated tracked file counts (default 1000,10000,100000)")
     parser.add_argument("--repeat", type=int, help="samples per metric and size; the median is reported (default 5)")
     parser.add_argument("--first-repeat", type=int, help="samples of the first checkpoint (default: --repeat)")
     parser.add_argument("--store-files", type=int, help="workspace size of the store-size run (default 10000)")
     parser.add_argument("--store-checkpoints", type=int,
                         help="one-file-change checkpoints in the store-size run (default 1000)")
-    parser.add_argument("--throughput-threads", type=int, default=4, help="concurrent clients (default 4)")
+    parser.add_argument("--throughput-clients", default="4,16,64",
+                        help="comma-separated concurrencies of the throughput sweep, one row each (default 4,16,64)")
     parser.add_argument("--throughput-requests", type=int,
-                        help="state-only CreateCheckpoint calls per client thread and repeat (default 500)")
+                        help="state-only CreateCheckpoint calls per round, split evenly across the clients "
+                             "(default 2000)")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"which systems to run, comma-separated from {','.join(SYSTEMS)}")
     parser.add_argument("--metrics", default=",".join(METRICS),
@@ -217,19 +219,25 @@ def parse_options(argv: list[str] | None) -> Options:
         sizes = [int(size.replace("_", "")) for size in sizes_text.split(",") if size.strip()]
     except ValueError:
         parser.error(f"--sizes must be comma-separated integers, got {sizes_text!r}")
+    try:
+        throughput_clients = [int(count) for count in arguments.throughput_clients.split(",") if count.strip()]
+    except ValueError:
+        throughput_clients = []
+    if not throughput_clients or min(throughput_clients) < 1:
+        parser.error(f"--throughput-clients must be comma-separated positive integers, "
+                     f"got {arguments.throughput_clients!r}")
     repeat = chosen(arguments.repeat, 3, 5)
     options = Options(
         sizes=sizes, repeat=repeat, first_repeat=chosen(arguments.first_repeat, 1, repeat),
         store_files=chosen(arguments.store_files, 1000, 10000),
         store_checkpoints=chosen(arguments.store_checkpoints, 200, 1000),
-        throughput_threads=arguments.throughput_threads,
-        throughput_requests=chosen(arguments.throughput_requests, 250, 500),
+        throughput_clients=list(dict.fromkeys(throughput_clients)),
+        throughput_requests=chosen(arguments.throughput_requests, 1000, 2000),
         systems=closed_list(arguments.systems, SYSTEMS, "system"),
         metrics=closed_list(arguments.metrics, METRICS, "metric"),
         seed=arguments.seed, root=arguments.root.resolve(), results_dir=arguments.results_dir.resolve(),
         checkpointd=arguments.checkpointd, keep=arguments.keep, settle_seconds=arguments.settle_ms / 1000)
-    for name in ("repeat", "first_repeat", "store_files", "store_checkpoints", "throughput_threads",
-                 "throughput_requests"):
+    for name in ("repeat", "first_repeat", "store_files", "store_checkpoints", "throughput_requests"):
         if getattr(options, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if any(size < 10 for size in options.sizes) or options.store_files < 10:
@@ -636,74 +644,69 @@ def bench_store(run: Run) -> None:
 
 
 def bench_throughput(run: Run) -> None:
-    """State-only CreateCheckpoint calls per second from a few concurrent clients, each on its own
-    channel and plan (no workspace_root); the same clients against the do-nothing floor server in
-    alternate rounds, and that server's latency after an idle second (see floor_server)."""
+    """State-only CreateCheckpoint calls per second at each concurrency of the sweep, the load coming from a
+    process of its own (load.py: concurrent grpc.aio clients, each on its own channel and plan, no
+    workspace_root); the same load against the do-nothing floor server in alternate rounds, and that server's
+    latency after an idle second (see floor_server). One checkpointd server serves the whole phase."""
     options = run.options
-    result = run.new_result("throughput", f"state-only CreateCheckpoint, {options.throughput_threads} clients",
-                            "-", "per s")
-    result.for_system(GIT).skipped = True
-    series = result.for_system(CHECKPOINTD)
+    results: dict[int, MetricResult] = {}
+    for clients in options.throughput_clients:
+        result = run.new_result("throughput", f"state-only CreateCheckpoint, {clients} clients", "-", "per s")
+        result.for_system(GIT).skipped = True
+        results[clients] = result
     if not run.wants(CHECKPOINTD):
         return
-    floor_series = result.for_system(FLOOR)
-    state = bytes(range(256)) * 4
+    first_row = next(iter(results.values()))
     run.wait_for_deletions()
 
-    def one_round(target: str, pid: int, measured: Series) -> None:
-        clients = [CheckpointdClient(target) for _ in range(options.throughput_threads)]
-        plans = [str(ULID()) for _ in clients]
-        for client, plan in zip(clients, plans, strict=True):
-            for _ in range(10):
-                client.checkpoint(plan, None, "warm-up", state)
-        start_line = threading.Barrier(len(clients) + 1)
-        failures: list[str] = []
-
-        def work(client: CheckpointdClient, plan: str) -> None:
-            start_line.wait()
-            try:
-                for _ in range(options.throughput_requests):
-                    client.checkpoint(plan, None, "throughput", state)
-            except grpc.RpcError as failure:
-                failures.append(f"{failure.code().name}: {failure.details()}")
-
-        threads = [threading.Thread(target=work, args=pair) for pair in zip(clients, plans, strict=True)]
-        for thread in threads:
-            thread.start()
-        client_cpu_before = time.process_time()
-        server_cpu_before = process_tree_cpu_seconds(pid)
-        start_line.wait()
-        started = time.perf_counter()
-        for thread in threads:
-            thread.join()
-        elapsed = time.perf_counter() - started
-        measured.extra.setdefault("client_cpu_cores", []).append(
-            round((time.process_time() - client_cpu_before) / elapsed, 2))
-        measured.extra.setdefault("server_cpu_cores", []).append(
-            round((process_tree_cpu_seconds(pid) - server_cpu_before) / elapsed, 2))
-        for client in clients:
-            client.close()
-        if failures:
-            raise RuntimeError(f"{len(failures)} client(s) failed, first: {failures[0]}")
-        measured.samples.append(options.throughput_threads * options.throughput_requests / elapsed)
+    def one_round(server: ServerProcess, measured: Series, clients: int) -> None:
+        """One run of the load process; the server's CPU time is read around its timed part only."""
+        calls_per_client = max(1, options.throughput_requests // clients)
+        command = [sys.executable, "-m", "tests.bench.load", server.target, str(clients), str(calls_per_client),
+                   "--wait-for-go"]
+        server_cpu = 0.0
+        with subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) as load:
+            line = load.stdout.readline()
+            if line.strip() == WARMED_UP:
+                server_cpu_before = process_tree_cpu_seconds(server.pid)
+                load.stdin.write("go\n")
+                load.stdin.flush()
+                line = load.stdout.readline()
+                server_cpu = process_tree_cpu_seconds(server.pid) - server_cpu_before
+        report = json.loads(line) if line.strip() else {}
+        if load.returncode != 0 or not report.get("calls"):
+            failures = report.get("failures") or ["no report (its stderr is above)"]
+            raise RuntimeError(f"the load process exited with {load.returncode}, first failure: {failures[0]}")
+        seconds = report["seconds"]
+        measured.extra.setdefault("client_cpu_cores", []).append(round(report["client_cpu_seconds"] / seconds, 2))
+        measured.extra.setdefault("server_cpu_cores", []).append(round(server_cpu / seconds, 2))
+        measured.extra.update(clients=clients, calls_per_round=report["calls"])
+        measured.samples.append(report["calls"] / seconds)
 
     def idle_latency(target: str) -> None:
         with CheckpointdClient(target) as client:
             plan = str(ULID())
-            client.checkpoint(plan, None, "warm-up", state)
+            client.checkpoint(plan, None, "warm-up", STATE)
             for _ in range(FLOOR_LATENCY_SAMPLES):
                 time.sleep(1.0)
-                floor_series.extra.setdefault("idle_call_ms", []).append(
-                    round(client.checkpoint(plan, None, "idle", state)[1] * 1000, 3))
+                first_row.for_system(FLOOR).extra.setdefault("idle_call_ms", []).append(
+                    round(client.checkpoint(plan, None, "idle", STATE)[1] * 1000, 3))
 
-    attempt(series, run.fresh_server)
+    server = attempt(first_row.for_system(CHECKPOINTD), run.fresh_server)
+    if server is None:
+        for result in results.values():
+            result.for_system(CHECKPOINTD).error = first_row.for_system(CHECKPOINTD).error
+        return
     with FloorServer(run.scratch / "floor-server.log") as floor:
         for repeat in range(options.repeat):
-            rounds = [(run.server.target, run.server.pid, series), (floor.target, floor.pid, floor_series)]
-            for target, pid, measured in rounds if repeat % 2 == 0 else reversed(rounds):
-                attempt(measured, lambda target=target, pid=pid, measured=measured: one_round(target, pid, measured))
-            log(f"[throughput] #{repeat + 1}: {SizeBench._latest(result)}")
-        attempt(floor_series, lambda: idle_latency(floor.target))
+            for clients, result in results.items():
+                rounds = [(server, result.for_system(CHECKPOINTD)), (floor, result.for_system(FLOOR))]
+                for loaded, measured in rounds if repeat % 2 == 0 else reversed(rounds):
+                    attempt(measured, lambda loaded=loaded, measured=measured, clients=clients:
+                            one_round(loaded, measured, clients))
+                log(f"[throughput] {clients} clients #{repeat + 1}: {SizeBench._latest(result)}")
+        attempt(first_row.for_system(FLOOR), lambda: idle_latency(floor.target))
     run.stop_server()
 
 
@@ -787,12 +790,13 @@ def _server_us_per_call(series: Series) -> float | None:
 
 def floor_summary(results: list[MetricResult]) -> str:
     """The floor line printed under the table, from the throughput phase's floor server."""
-    for result in results:
-        floor = result.series.get(FLOOR)
-        if floor is None or not floor.extra.get("idle_call_ms"):
+    floors = [floor for result in results if (floor := result.series.get(FLOOR)) is not None]
+    rates = ", ".join(f"{floor.value:,.0f}/s from {floor.extra['clients']} clients" for floor in floors if floor.value)
+    for floor in floors:
+        if not floor.extra.get("idle_call_ms"):
             continue
         calls = floor.extra["idle_call_ms"]
-        rate = f", {floor.value:,.0f} calls/s from the throughput clients" if floor.value else ""
+        rate = f", and serves {rates} in the throughput rounds" if rates else ""
         return (f"Floor on this machine, this run: a do-nothing grpcio server (served as checkpointd is) answers "
                 f"CreateCheckpoint in {median(calls):.2f} ms after an idle second (median of {len(calls)}, "
                 f"{min(calls):.2f}-{max(calls):.2f}){rate}. Every checkpointd latency above includes such a call.")
