@@ -5,8 +5,10 @@ are the ones ``create`` gives."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -192,4 +194,36 @@ def test_a_cancelled_create_is_committed_and_holds_its_plan_until_then(engine, m
     assert release is not None, "the commit's end freed the plan"
     release()
     assert engine.count(plan_id) == 2
+    assert threads.ran == ["create"]
+
+
+def test_a_new_state_is_synced_before_the_row_that_references_it_is_committed(engine, monkeypatch):
+    plan_id, threads = str(ULID()), Threads()
+    _create(engine, threads, plan_id, b"first state")
+    events: list[str] = []
+    packs = {pack.fd for pack in engine.store._packs}
+    real_fdatasync = os.fdatasync
+
+    def noting_fdatasync(fd: int) -> None:
+        real_fdatasync(fd)
+        if fd in packs:
+            events.append("pack synced")
+
+    group_commit = engine._new_checkpoints
+    transaction = group_commit._transaction
+
+    @contextmanager
+    def noting_transaction():
+        with transaction() as rows:
+            yield rows
+        events.append("row committed")
+
+    monkeypatch.setattr(os, "fdatasync", noting_fdatasync)
+    monkeypatch.setattr(group_commit, "_transaction", noting_transaction)
+
+    _create(engine, threads, plan_id, b"a state never stored before")
+    assert events == ["pack synced", "row committed"]
+    events.clear()
+    _create(engine, threads, plan_id, b"a state never stored before")
+    assert events == ["row committed"], "a state already stored needs no sync"
     assert threads.ran == ["create"]

@@ -49,6 +49,10 @@ ROLLBACK_POINTS = {Point.ROLLBACK_PLANNED: 2, Point.ROLLBACK_SAFETY_COMMITTED: 2
                    Point.RESTORE_CHANGE: 24, Point.WORKSPACE_WRITE: 8, Point.ROLLBACK_APPLIED: 2}
 
 
+#: How a kill during a state-only create (served on the event loop) is recorded.
+STATE_ONLY_CREATE = "CreateCheckpoint (state only)"
+
+
 @dataclass
 class Kill:
     point: Point
@@ -69,6 +73,9 @@ class CrashDriver:
     acked_state: dict[str, bytes] = field(default_factory=dict)
     acked_digest: dict[str, str] = field(default_factory=dict)
     create_request_ids: set[str] = field(default_factory=set)
+    #: A second plan with no workspace: its state-only creates are served on the event loop.
+    state_plan_id: str = field(default_factory=lambda: str(ULID()))
+    state_request_ids: set[str] = field(default_factory=set)
     kills: list[Kill] = field(default_factory=list)
     armed: Kill | None = None
     family: str = "create"
@@ -120,8 +127,9 @@ class CrashDriver:
         journal = self.server.data_dir / "rollback-journal"
         return sorted(p.name for p in journal.glob("*.json")) if journal.is_dir() else []
 
-    def call(self, method: str, request, after_restart=None):
-        """One mutating call, carried through kills by retrying the same request (same request_id)."""
+    def call(self, method: str, request, after_restart=None, during: str = ""):
+        """One mutating call, carried through kills by retrying the same request (same request_id);
+        a kill is recorded as ``during`` (the method, unless said)."""
         while True:
             try:
                 return getattr(self.stub, method)(request, timeout=60)
@@ -130,7 +138,7 @@ class CrashDriver:
                     raise
                 if self.server.process.poll() is None:
                     self.server.process.wait(timeout=30)
-            self.reap(during=method)
+            self.reap(during=during or method)
             self.arm_and_start()
             if after_restart is not None:
                 after_restart()
@@ -150,6 +158,17 @@ class CrashDriver:
         created = self.call("CreateCheckpoint", request).checkpoint
         assert workspace_state(self.workspace) == expected
         self.remember(created, expected, state)
+
+    def create_state_only(self) -> None:
+        """A state-only create with a state of its own (so its object is new and must be made durable)."""
+        request_id = str(ULID())
+        state = f"state-only {len(self.state_request_ids)} {self.rng.random()}".encode()
+        self.state_request_ids.add(request_id)
+        request = pb.CreateCheckpointRequest(plan_id=self.state_plan_id, request_id=request_id, state=state,
+                                             labels={"request": request_id.lower()})
+        created = self.call("CreateCheckpoint", request, during=STATE_ONLY_CREATE).checkpoint
+        assert created.plan_id == self.state_plan_id and not created.tree_digest
+        self.acked_state[created.checkpoint_id] = state
 
     def remember(self, checkpoint: pb.Checkpoint, content: dict, state: bytes | None = None) -> None:
         cid = checkpoint.checkpoint_id
@@ -186,7 +205,10 @@ class CrashDriver:
             self.rearmed += 1
             self.arm_and_start()
         if not self.acked or self.family == "create" and self.rng.random() < 0.8:
-            self.create()
+            if self.acked and self.rng.random() < 0.3:
+                self.create_state_only()
+            else:
+                self.create()
             return
         for _ in range(self.rng.randint(1, 3)):
             mutate_workspace(self.workspace, self.rng)
@@ -208,6 +230,10 @@ class CrashDriver:
         assert {c.labels["request"] for c in regular} == {r.lower() for r in self.create_request_ids}
         for cid, digest in self.acked_digest.items():
             assert by_id[cid].tree_digest == digest
+        state_only = list_all(self.stub, self.state_plan_id)
+        assert [c.sequence for c in state_only] == list(range(1, len(state_only) + 1))
+        assert {c.labels["request"] for c in state_only} == {r.lower() for r in self.state_request_ids}, \
+            "a state-only create was recorded twice or lost"
         for cid, state in self.acked_state.items():
             full = self.stub.GetCheckpoint(pb.GetCheckpointRequest(checkpoint_id=cid, view=pb.CHECKPOINT_VIEW_FULL),
                                            timeout=30).checkpoint
@@ -239,15 +265,6 @@ def run_crash_campaign(server, seed: int, kills_wanted: int) -> CrashDriver:
     return driver
 
 
-def _assert_coverage(driver: CrashDriver, kills_wanted: int) -> None:
-    points = Counter(k.point for k in driver.kills)
-    assert len(driver.kills) >= kills_wanted
-    assert {k.during for k in driver.kills} >= {"CreateCheckpoint", "Rollback"}
-    assert sum(points[p] for p in CREATE_POINTS) > 0 and sum(points[p] for p in ROLLBACK_POINTS) > 0
-    print(f"\n{len(driver.kills)} kills: " + ", ".join(f"{p.value} x{n}" for p, n in sorted(points.items()))
-          + f"; during recovery: {sum(k.during == 'recovery' for k in driver.kills)}")
-
-
 def run_parallel_campaigns(idle_servers, seeds: list[int], kills_each: int) -> list[CrashDriver]:
     """Independent campaigns on their own servers at once: a kill costs a server start, and
     starts overlap."""
@@ -260,7 +277,7 @@ def _assert_coverage(drivers: list[CrashDriver], kills_wanted: int) -> None:
     kills = [k for driver in drivers for k in driver.kills]
     points = Counter(k.point for k in kills)
     assert len(kills) >= kills_wanted
-    assert {k.during for k in kills} >= {"CreateCheckpoint", "Rollback", "recovery"}
+    assert {k.during for k in kills} >= {"CreateCheckpoint", STATE_ONLY_CREATE, "Rollback", "recovery"}
     assert sum(points[p] for p in CREATE_POINTS) > 0 and sum(points[p] for p in ROLLBACK_POINTS) > 0
     print(f"\n{len(kills)} kills: " + ", ".join(f"{p.value} x{n}" for p, n in sorted(points.items()))
           + f"; during recovery: {sum(k.during == 'recovery' for k in kills)}; "
