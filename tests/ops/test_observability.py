@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 
 import grpc
 import pytest
@@ -112,3 +113,45 @@ def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):
         plan_id, created.checkpoint_id, request_id, "OK")
     get = [r for r in records if r.get("method") == "/checkpoint.v1.CheckpointService/GetCheckpoint"]
     assert (get[0]["checkpoint_id"], get[0]["request_id"]) == (created.checkpoint_id, "trace-42")
+
+
+def test_every_call_writes_exactly_one_access_line_whatever_runs_it_and_however_it_ends(ops_server):
+    """Coroutine handlers (CreateCheckpoint) log from the call's done callback, plain ones (run in
+    the thread pool) at once: each call once, succeeded or failed."""
+    server = ops_server("--log-format", "json")
+    plan_id = str(ULID())
+    calls = {
+        "state-only-first": lambda stub, md: stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id),
+                                                                   timeout=30, metadata=md),
+        "state-only-on-the-loop": lambda stub, md: stub.CreateCheckpoint(
+            pb.CreateCheckpointRequest(plan_id=plan_id, state=b"s"), timeout=30, metadata=md),
+        "create-refused": lambda stub, md: stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id="nope"),
+                                                                 timeout=30, metadata=md),
+        "list-ok": lambda stub, md: stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id),
+                                                         timeout=30, metadata=md),
+        "get-not-found": lambda stub, md: stub.GetCheckpoint(pb.GetCheckpointRequest(checkpoint_id=str(ULID())),
+                                                             timeout=30, metadata=md),
+    }
+    codes = {}
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        for name, call in calls.items():
+            try:
+                call(stub, (("x-request-id", name),))
+                codes[name] = "OK"
+            except grpc.RpcError as error:
+                codes[name] = error.code().name
+    assert codes == {"state-only-first": "OK", "state-only-on-the-loop": "OK", "create-refused": "INVALID_ARGUMENT",
+                     "list-ok": "OK", "get-not-found": "NOT_FOUND"}
+
+    def access_lines() -> list[dict]:
+        lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+        return [r for r in lines if r.get("logger") == "checkpointd.access" and r.get("request_id") in calls]
+
+    deadline = time.monotonic() + 10
+    while len(access_lines()) < len(calls) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a second line, if any, would be written by now
+    logged = Counter(r["request_id"] for r in access_lines())
+    assert logged == Counter(calls.keys()), server.log()
+    assert {r["request_id"]: r["code"] for r in access_lines()} == codes

@@ -66,8 +66,8 @@ class AccessInterceptor(MethodWrapper):
     def _finish(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, started: float,
                 response: Any, fields: dict[str, str]) -> None:
         """Records the call now; writes its access line once the reply has gone where the server
-        can say when (a sync server's callbacks, an asyncio server's done callbacks), so the
-        caller never waits for the log."""
+        can say when (a sync server's callbacks, an asyncio server's done callbacks for coroutine
+        handlers), so the caller never waits for the log; exactly one line per call."""
         seconds = time.monotonic() - started
         if self.recorder is not None:
             self.recorder.record_rpc(method, code, seconds, response)
@@ -85,7 +85,9 @@ class AccessInterceptor(MethodWrapper):
         add_done_callback = getattr(context, "add_done_callback", None)
         if add_done_callback is not None:
             add_done_callback(write)
-        elif not context.add_callback(write):
+        elif not isinstance(context, grpc.ServicerContext) or not context.add_callback(write):
+            # The asyncio server's context for plain-function handlers runs its callbacks only
+            # after a success: the line is written now.
             write()
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
