@@ -50,6 +50,12 @@ async def abort_async(context: grpc.aio.ServicerContext, status: grpc.Status) ->
     raise AssertionError("abort returned")
 
 
+def _entered() -> float:
+    """A call enters ``ErrorInterceptor``: forgets earlier calls' aborts; returns the time."""
+    begin_call()
+    return time.monotonic()
+
+
 def begin_call() -> None:
     """Forgets how an earlier call served by this thread ended (called as a call enters the
     interceptors, and again where it enters ``ErrorInterceptor``)."""
@@ -71,15 +77,15 @@ def _already_ended(context: Any, error: Exception) -> bool:
     return isinstance(error, grpc.aio.AbortError) or outcome(context, False) is not grpc.StatusCode.OK
 
 
-def failure_status(method: str, context: Any, error: Exception, started: float) -> grpc.Status | None:
+def failure_status(method: str, context: Any, error: Exception, started: float) -> grpc.Status:
     """The status a handler's exception ends its call with: a domain error's own status, an
-    INTERNAL for anything else (logged); None when the call was already aborted."""
+    INTERNAL for anything else (logged). Raises ``error`` again when it is the call's abort."""
     if isinstance(error, CheckpointdError):
         log.info("%s -> %s %s (%.1f ms)", method, error.kind.name, error.reason.value,
                  (time.monotonic() - started) * 1000)
         return rpc_status.to_status(to_status(error))
     if _already_ended(context, error):
-        return None
+        raise error
     log.error("unexpected error in %s", method, exc_info=error)
     status = rich_status(grpc.StatusCode.INTERNAL, "internal error; see server log", "INTERNAL", {"method": method})
     return rpc_status.to_status(status)
@@ -172,61 +178,45 @@ class ErrorInterceptor(MethodWrapper):
             inner = handler.unary_unary
             if is_async(inner):
                 async def unary_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                    started = time.monotonic()
-                    begin_call()
+                    started = _entered()
                     try:
                         _check_decoded(request, method)
                         return await inner(request, context)
                     except Exception as error:
-                        status = failure_status(method, context, error, started)
-                        if status is None:
-                            raise
-                        await abort_async(context, status)
+                        await abort_async(context, failure_status(method, context, error, started))
 
                 return grpc.unary_unary_rpc_method_handler(unary_async, deserializer, serializer)
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                started = time.monotonic()
-                begin_call()
+                started = _entered()
                 try:
                     _check_decoded(request, method)
                     return inner(request, context)
                 except Exception as error:
-                    status = failure_status(method, context, error, started)
-                    if status is None:
-                        raise
-                    abort(context, status)
+                    abort(context, failure_status(method, context, error, started))
 
             return grpc.unary_unary_rpc_method_handler(unary, deserializer, serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
             if is_async(inner_stream):
                 async def stream_async(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                    started = time.monotonic()
-                    begin_call()
+                    started = _entered()
                     try:
                         _check_decoded(request, method)
                         async for response in inner_stream(request, context):
                             yield response
                     except Exception as error:
-                        status = failure_status(method, context, error, started)
-                        if status is None:
-                            raise
-                        await abort_async(context, status)
+                        await abort_async(context, failure_status(method, context, error, started))
 
                 return grpc.unary_stream_rpc_method_handler(stream_async, deserializer, serializer)
 
             def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                started = time.monotonic()
-                begin_call()
+                started = _entered()
                 try:
                     _check_decoded(request, method)
                     yield from inner_stream(request, context)
                 except Exception as error:
-                    status = failure_status(method, context, error, started)
-                    if status is None:
-                        raise
-                    abort(context, status)
+                    abort(context, failure_status(method, context, error, started))
 
             return grpc.unary_stream_rpc_method_handler(stream, deserializer, serializer)
         return handler
