@@ -1,14 +1,13 @@
 """The floor of every checkpointd figure: a grpcio server, served the way checkpointd serves (a ``grpc.aio``
-server whose CreateCheckpoint is a coroutine on the event loop, with checkpointd's default thread pool for the
-RPCs that are not), whose CreateCheckpoint does nothing. What a call to it costs on this machine, no server in
-Python can go below; the bench prints it beside checkpointd's figures.
+server on a uvloop event loop, whose CreateCheckpoint is a coroutine on that loop, with checkpointd's default
+thread pool for the RPCs that are not), whose CreateCheckpoint does nothing. What a call to it costs on this
+machine, no server in Python can go below; the bench prints it beside checkpointd's figures.
 
     python -m tests.bench.floor_server 127.0.0.1:PORT
 """
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from concurrent import futures
@@ -18,6 +17,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import grpc  # noqa: E402
+import uvloop  # noqa: E402
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb  # noqa: E402
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc  # noqa: E402
@@ -66,7 +66,7 @@ async def serve(target: str) -> None:
 
 
 def main() -> None:
-    asyncio.run(serve(sys.argv[1]))
+    uvloop.run(serve(sys.argv[1]))
 
 
 if __name__ == "__main__":
