@@ -279,6 +279,7 @@ class CheckpointdServer:
         self._on_loop(self.server.stop(0))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join()
+        self._loop.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self._maintenance_thread is not None:
             self._maintenance_thread.join(timeout=grace)

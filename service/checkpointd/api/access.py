@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from checkpointd.api.interceptors import MethodWrapper, begin_call, is_async, outcome
+from checkpointd.api.interceptors import MethodWrapper, begin_call, is_async, outcome, shape_of
 from checkpointd.core import validation
 from checkpointd.logging_setup import request_context
 
@@ -144,9 +144,9 @@ class AccessInterceptor(MethodWrapper):
                 finally:
                     finish(context, method, outcome(context, failed), started, None, fields)
 
-        behaviour, make, unary_request = _behaviour(handler)
+        behaviour, make, unary_request, streams = shape_of(handler)
         if is_async(behaviour):
-            if make in (grpc.unary_unary_rpc_method_handler, grpc.stream_unary_rpc_method_handler):
+            if not streams:
                 async def one_async(argument: Any, context: grpc.aio.ServicerContext) -> Any:
                     request = argument if unary_request else None
                     return await run_unary_async(behaviour, argument, context, context_of(request, context))
@@ -171,23 +171,11 @@ class AccessInterceptor(MethodWrapper):
                         finish(context, method, code or outcome(context, False), started, None, fields)
 
             return make(many_async, handler.request_deserializer, handler.response_serializer)
-        if make in (grpc.unary_unary_rpc_method_handler, grpc.stream_unary_rpc_method_handler):
+        if not streams:
             return make(lambda argument, context: run_unary(
                 behaviour, argument, context, context_of(argument if unary_request else None, context)),
                 handler.request_deserializer, handler.response_serializer)
         return make(lambda argument, context: run_stream(
             behaviour, argument, context, context_of(argument if unary_request else None, context)),
             handler.request_deserializer, handler.response_serializer)
-
-
-def _behaviour(handler: grpc.RpcMethodHandler) -> tuple[Callable, Callable, bool]:
-    """A handler's behaviour, the function that makes a handler of its shape, and whether its
-    request is one message."""
-    if handler.unary_unary is not None:
-        return handler.unary_unary, grpc.unary_unary_rpc_method_handler, True
-    if handler.unary_stream is not None:
-        return handler.unary_stream, grpc.unary_stream_rpc_method_handler, True
-    if handler.stream_unary is not None:
-        return handler.stream_unary, grpc.stream_unary_rpc_method_handler, False
-    return handler.stream_stream, grpc.stream_stream_rpc_method_handler, False
 

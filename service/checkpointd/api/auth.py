@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status
-from checkpointd.api.interceptors import HandlerInterceptor, abort, abort_async, is_async
+from checkpointd.api.interceptors import HandlerInterceptor, abort, abort_async, is_async, shape_of
 from checkpointd.core.errors import Reason
 
 log = logging.getLogger("checkpointd.auth")
@@ -137,20 +137,11 @@ def _rejecting(handler: grpc.RpcMethodHandler, method: str, message: str) -> grp
         await abort_async(context, status)
         yield
 
-    kinds: list[tuple[Callable | None, Callable, bool]] = [
-        (handler.unary_unary, grpc.unary_unary_rpc_method_handler, False),
-        (handler.unary_stream, grpc.unary_stream_rpc_method_handler, True),
-        (handler.stream_unary, grpc.stream_unary_rpc_method_handler, False),
-        (handler.stream_stream, grpc.stream_stream_rpc_method_handler, True),
-    ]
-    for behaviour, make, streams in kinds:
-        if behaviour is None:
-            continue
-        if is_async(behaviour):
-            return make(reject_stream_async if streams else reject_async, handler.request_deserializer,
-                        handler.response_serializer)
-        return make(reject, handler.request_deserializer, handler.response_serializer)
-    raise AssertionError(f"handler for {method} has no behaviour")
+    shape = shape_of(handler)
+    if is_async(shape.behaviour):
+        return shape.make(reject_stream_async if shape.streams else reject_async, handler.request_deserializer,
+                          handler.response_serializer)
+    return shape.make(reject, handler.request_deserializer, handler.response_serializer)
 
 
 class BearerTokenInterceptor(HandlerInterceptor):

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import grpc
 from grpc_status import rpc_status
@@ -32,6 +32,26 @@ _aborted_with: ContextVar[grpc.StatusCode | None] = ContextVar("aborted_with", d
 def is_async(behaviour: Callable | None) -> bool:
     """Whether a handler's behaviour runs on the event loop (a coroutine or async generator function)."""
     return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+
+
+class HandlerShape(NamedTuple):
+    """What a method handler is made of: its behaviour, the function that makes a handler of its
+    shape, whether its request is one message and whether its response is a stream."""
+
+    behaviour: Callable
+    make: Callable[..., grpc.RpcMethodHandler]
+    unary_request: bool
+    streams: bool
+
+
+def shape_of(handler: grpc.RpcMethodHandler) -> HandlerShape:
+    if handler.unary_unary is not None:
+        return HandlerShape(handler.unary_unary, grpc.unary_unary_rpc_method_handler, True, False)
+    if handler.unary_stream is not None:
+        return HandlerShape(handler.unary_stream, grpc.unary_stream_rpc_method_handler, True, True)
+    if handler.stream_unary is not None:
+        return HandlerShape(handler.stream_unary, grpc.stream_unary_rpc_method_handler, False, False)
+    return HandlerShape(handler.stream_stream, grpc.stream_stream_rpc_method_handler, False, True)
 
 
 def abort(context: Any, status: grpc.Status) -> NoReturn:
