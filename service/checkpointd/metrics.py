@@ -23,10 +23,12 @@ from checkpointd.core import telemetry
 from checkpointd.core.db_store import DatabaseStore
 from checkpointd.core.retention import store_footprint
 from checkpointd.core.store import ContentStore
-from checkpointd.core.telemetry import GcReport
+from checkpointd.core.telemetry import CaptureMode, Durable, GcReport
 from checkpointd.listeners import Listener, parse_tcp
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+#: A sync to a local disk takes about a millisecond: finer below it.
+_SYNC_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.125, 0.25, 0.5, 1, 2.5)
 _SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 41, 3))
 _FILE_COUNT_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
 _STORE_BYTES = ("checkpointd_store_bytes", "Bytes held by the content store (disk store: its files' sizes).")
@@ -105,6 +107,13 @@ class PrometheusMetrics(telemetry.Sink):
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.gc_failures = Counter("checkpointd_maintenance_failures",
                                    "Retention/GC runs that failed (see the server log).", registry=r)
+        self.capture_seconds = Histogram("checkpointd_capture_seconds",
+                                         "Workspace captures, by how the workspace was read.", ["mode"],
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.durable_seconds = Histogram("checkpointd_durable_write_seconds",
+                                         "Syncs a checkpoint waits for before it is acknowledged: its new objects, "
+                                         "then its metadata transaction (shared by a group commit).", ["what"],
+                                         buckets=_SYNC_BUCKETS, registry=r)
         self.store_usage = _StoreUsage(store)
         r.register(self.store_usage)
         self._http: Any = None
@@ -143,6 +152,12 @@ class PrometheusMetrics(telemetry.Sink):
             self.gc_reclaimed.inc(report.reclaimed_bytes)
             self.gc_seconds.observe(report.duration_seconds)
         self.store_usage.update(report.store_objects, report.store_bytes)
+
+    def captured(self, mode: CaptureMode, seconds: float) -> None:
+        self.capture_seconds.labels(mode.value).observe(seconds)
+
+    def made_durable(self, what: Durable, seconds: float) -> None:
+        self.durable_seconds.labels(what.value).observe(seconds)
 
     def maintenance_failed(self) -> None:
         self.gc_failures.inc()

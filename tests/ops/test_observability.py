@@ -74,11 +74,42 @@ def test_engine_events_reach_prometheus_through_the_facade(tmp_path):
         telemetry.watcher_fallback("queue_overflow")
         telemetry.watcher_fallback("queue_overflow")
         telemetry.checkpoints_pruned("max_age", 3)
+        telemetry.captured(telemetry.CaptureMode.INCREMENTAL, 0.003)
+        telemetry.made_durable(telemetry.Durable.METADATA, 0.0015)
     finally:
         telemetry.unbind(metrics)
     telemetry.watcher_fallback("queue_overflow")
     assert metrics.watcher_fallbacks.labels("queue_overflow")._value.get() == 2
     assert metrics.pruned.labels("max_age")._value.get() == 3
+    assert metrics.capture_seconds.labels("incremental")._sum.get() == 0.003
+    assert metrics.durable_seconds.labels("metadata")._sum.get() == 0.0015
+
+
+def test_a_checkpoint_s_time_splits_into_its_capture_and_the_syncs_it_waits_for(ops_server):
+    """Where a slow checkpoint spends its time, from a real server: the first capture of a
+    workspace reads all of it, the next only what changed; each checkpoint that stored new
+    content syncs its objects, then its metadata transaction."""
+    server = ops_server("--metrics-listen", "127.0.0.1:0")
+    workspace = server.new_workspace()
+    (workspace / "a.txt").write_text("first")
+    plan_id = str(ULID())
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        for content in ("first", "second"):
+            (workspace / "a.txt").write_text(content)
+            stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                                  timeout=30)
+    after = _samples(server.scrape())
+    captures = {mode: _value(after, "checkpointd_capture_seconds_count", mode=mode)
+                for mode in ("full", "incremental", "unwatched")}
+    args = server.command()
+    watched = ("--watcher", "off") not in zip(args, args[1:], strict=False)
+    assert captures == ({"full": 1, "incremental": 1, "unwatched": 0} if watched else
+                        {"full": 0, "incremental": 0, "unwatched": 2})
+    if server.store_kind == "disk":
+        assert _value(after, "checkpointd_durable_write_seconds_count", what="objects") == 2
+    assert _value(after, "checkpointd_durable_write_seconds_count", what="metadata") == 2
+    assert _value(after, "checkpointd_durable_write_seconds_sum", what="metadata") > 0
 
 
 def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):

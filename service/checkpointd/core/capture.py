@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from checkpointd.core import telemetry
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.index import Indexed, RootIndex
 from checkpointd.core.snapshot import (
@@ -41,6 +42,7 @@ from checkpointd.core.snapshot import (
     when_finished,
 )
 from checkpointd.core.store import Batch
+from checkpointd.core.telemetry import CaptureMode
 from checkpointd.core.tree import Entry, EntryKind, Trees
 from checkpointd.core.watcher import SUBTREE, Changes, Journal, Watcher
 from checkpointd.core.workspace import UnsafePath, Workspace
@@ -95,14 +97,20 @@ class Capturer:
         self.watcher = watcher
         self._roots: dict[str, _Root] = {}
         self._roots_lock = threading.Lock()
-        #: How the captures went, for tests and logs: "full", "incremental", "unwatched".
-        self.counts = {"full": 0, "incremental": 0, "unwatched": 0}
+        #: How the captures went, for tests and logs.
+        self.counts = dict.fromkeys(CaptureMode, 0)
+
+    def _captured(self, mode: CaptureMode, started: float) -> None:
+        self.counts[mode] += 1
+        telemetry.captured(mode, time.perf_counter() - started)
 
     def capture(self, workspace: Workspace, patterns: list[str], excluded: list[str], max_size: int,
                 batch: Batch) -> CaptureResult:
+        started = time.perf_counter()
         if self.watcher is None:
-            self.counts["unwatched"] += 1
-            return self.snapshotter.capture(workspace, disk_rules(workspace, patterns, excluded), max_size, batch)
+            result = self.snapshotter.capture(workspace, disk_rules(workspace, patterns, excluded), max_size, batch)
+            self._captured(CaptureMode.UNWATCHED, started)
+            return result
         with self._roots_lock:
             state = self._roots.setdefault(workspace.root, _Root())
         state.lock.acquire()
@@ -115,11 +123,12 @@ class Capturer:
                 journal = self.watcher.journal(workspace.root, root_fd)
             if journal is None:
                 state.base = None
-                self.counts["unwatched"] += 1
+                mode = CaptureMode.UNWATCHED
                 result = self.snapshotter.capture(workspace, disk_rules(workspace, patterns, excluded), max_size,
                                                   batch)
             else:
-                result, changes = self._capture_watched(state, journal, workspace, settings, max_size, batch)
+                result, changes, mode = self._capture_watched(state, journal, workspace, settings, max_size, batch)
+            self._captured(mode, started)
         except BaseException:
             state.base = None
             if journal is not None:
@@ -141,7 +150,7 @@ class Capturer:
         return result
 
     def _capture_watched(self, state: _Root, journal: Journal, workspace: Workspace, settings: tuple,
-                         max_size: int, batch: Batch) -> tuple[CaptureResult, Changes]:
+                         max_size: int, batch: Batch) -> tuple[CaptureResult, Changes, CaptureMode]:
         patterns, excluded = list(settings[0]), list(settings[1])
         synced = self.watcher.sync()
         changes = self.watcher.take(journal)
@@ -166,12 +175,10 @@ class Capturer:
             except _NeedFullScan as why:
                 reason = str(why)
             else:
-                self.counts["incremental"] += 1
                 state.base = _Base(settings, result.tree, result.file_count, result.total_size,
                                    {s.path: s for s in result.skipped}, getattr(self.store, "deletions", None))
-                return result, changes
+                return result, changes, CaptureMode.INCREMENTAL
         log.debug("full scan of %s: %s", workspace.root, reason)
-        self.counts["full"] += 1
         self.watcher.reset(journal)
         state.rules = disk_rules(workspace, patterns, excluded)
         result = self.snapshotter.capture(workspace, state.rules, max_size, batch, self._hook(journal))
@@ -179,7 +186,7 @@ class Capturer:
                            {s.path: s for s in result.skipped}, getattr(self.store, "deletions", None))
         # Watches were dropped and added again during the scan: if its batch is not committed,
         # what happened meanwhile is known only to that scan, so the next capture scans fully.
-        return result, Changes(changes.dirty, reason or "a full scan was not committed")
+        return result, Changes(changes.dirty, reason or "a full scan was not committed"), CaptureMode.FULL
 
     def _still_stored(self, base: _Base) -> bool:
         """Garbage collection deletes only what no checkpoint reaches: if the base's root node

@@ -15,6 +15,7 @@ import logging
 import select
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -30,7 +31,10 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
-from checkpointd.core import models  # noqa: F401 - registers the tables
+from checkpointd.core import (
+    models,  # noqa: F401 - registers the tables
+    telemetry,
+)
 
 if TYPE_CHECKING:
     from checkpointd.core.postgres_rows import PostgresRows
@@ -545,6 +549,7 @@ class GroupCommit(Generic[U]):
             ready.append(unit)
         if not ready:
             return
+        started = time.perf_counter()
         try:
             with self._transaction() as rows:
                 self._write(rows, [unit.item for unit in ready])
@@ -556,6 +561,7 @@ class GroupCommit(Generic[U]):
             for unit in ready:
                 self._apply([unit])
             return
+        telemetry.made_durable(telemetry.Durable.METADATA, time.perf_counter() - started)
         for unit in ready:
             self._finish(unit, None)
 

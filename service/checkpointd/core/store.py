@@ -30,6 +30,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import zstandard
 
+from checkpointd.core import telemetry
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
 
@@ -732,11 +734,16 @@ class Batch:
         self._finish(True)
 
     def _make_durable(self) -> None:
+        started = time.perf_counter()
         for pack, end in self._pack_ends.items():
             pack.sync_to(end)
         loose = {digest: loc.path for digest, loc in self._pending.items() if isinstance(loc, _StagedFile)}
-        if not loose:
-            return
+        if loose:
+            self._make_loose_durable(loose)
+        if self._pack_ends or loose:
+            telemetry.made_durable(telemetry.Durable.OBJECTS, time.perf_counter() - started)
+
+    def _make_loose_durable(self, loose: dict[str, Path]) -> None:
         try:
             if len(loose) > _SYNCFS_THRESHOLD:
                 staging_fd = os.open(self.store.staging, os.O_RDONLY | os.O_DIRECTORY)

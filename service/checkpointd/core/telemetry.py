@@ -5,8 +5,29 @@ start-up (checkpointd.metrics). Imports nothing from grpc or prometheus on purpo
 
 from __future__ import annotations
 
+import enum
 import threading
 from dataclasses import dataclass
+
+
+class CaptureMode(enum.StrEnum):
+    """How a capture read its workspace (a metric label)."""
+
+    #: Only the paths the file watcher saw change since the last capture.
+    INCREMENTAL = "incremental"
+    #: The whole workspace, watched, because the watcher could not vouch for it (see watcher_fallback).
+    FULL = "full"
+    #: The whole workspace, which no watcher watches (watcher off, or no watch left for it).
+    UNWATCHED = "unwatched"
+
+
+class Durable(enum.StrEnum):
+    """What a sync made durable before a checkpoint could be acknowledged (a metric label)."""
+
+    #: A batch's new objects in the content store (its packs and loose files).
+    OBJECTS = "objects"
+    #: A group commit's transaction of new checkpoint rows.
+    METADATA = "metadata"
 
 
 @dataclass(frozen=True)
@@ -37,6 +58,13 @@ class Sink:
 
     def garbage_collected(self, report: GcReport) -> None:
         """A garbage collection finished; also carries the store's size after it."""
+
+    def captured(self, mode: CaptureMode, seconds: float) -> None:
+        """A workspace capture took ``seconds``."""
+
+    def made_durable(self, what: Durable, seconds: float) -> None:
+        """A sync that a checkpoint waits for took ``seconds``: the split between the two kinds and
+        the captures tells whether slow checkpoints wait for the disk or read the workspace."""
 
 
 _sink: Sink = Sink()
@@ -72,3 +100,11 @@ def checkpoints_pruned(rule: str, count: int) -> None:
 
 def garbage_collected(report: GcReport) -> None:
     _sink.garbage_collected(report)
+
+
+def captured(mode: CaptureMode, seconds: float) -> None:
+    _sink.captured(mode, seconds)
+
+
+def made_durable(what: Durable, seconds: float) -> None:
+    _sink.made_durable(what, seconds)
