@@ -109,3 +109,23 @@ class ContentStoreStateRow(SQLModel, table=True):
 
     id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
     gc_epoch: int = Field(default=0, sa_type=BigInteger)
+
+
+class RollbackJournalRow(SQLModel, table=True):
+    """An unfinished rollback of one plan (see ``journal``): visible to every replica of the database."""
+
+    __tablename__ = "rollback_journal"
+
+    plan_id: str = Field(primary_key=True, max_length=26)
+    entry: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    create_time: datetime = _time_column()
+
+
+class ServerSecretRow(SQLModel, table=True):
+    """A random secret shared by every replica of one database (e.g. the page-token key)."""
+
+    __tablename__ = "server_secrets"
+
+    name: str = Field(primary_key=True, max_length=64)
+    value: bytes = Field(sa_type=LargeBinary)
+    create_time: datetime = _time_column()
