@@ -9,7 +9,7 @@ NODE_DIR := clients/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 BUF := $(NODE_DIR)/node_modules/.bin/buf
 
-.PHONY: install proto run test test-slow lint bench clean
+.PHONY: install proto run test test-slow test-mutants mutants lint bench clean
 
 install: $(INSTALLED)
 
@@ -47,6 +47,23 @@ test: install $(NODE_INSTALLED)
 test-slow: install
 	$(BIN)/pytest -m slow
 
+# The curated critical mutants (tests/mutation/critical.toml): fails if the suite misses any
+# of them or a patch no longer applies. About 5 minutes on 2 cores; CI runs it.
+test-mutants: install $(NODE_INSTALLED)
+	$(BIN)/python -m tests.mutation.critical
+
+# Mutation scores of the core modules with cosmic-ray (tests/mutation/README.md); hours, not
+# minutes: MUTANTS_ARGS="--module restore ignore" runs some. Reports land in build/mutation/.
+MUTANTS_VENV := .venv-mutants
+MUTANTS_ARGS ?=
+$(MUTANTS_VENV)/.installed:
+	test -x $(MUTANTS_VENV)/bin/python || $(PYTHON) -m venv $(MUTANTS_VENV)
+	$(MUTANTS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'cosmic-ray==8.7.0'
+	touch $@
+
+mutants: install $(NODE_INSTALLED) $(MUTANTS_VENV)/.installed
+	$(MUTANTS_VENV)/bin/python -m tests.mutation.modules $(MUTANTS_ARGS)
+
 lint: install $(NODE_INSTALLED)
 	$(BIN)/ruff check service clients/python tests protos/generate.py protos/apidoc.py
 	$(BUF) lint protos
@@ -54,7 +71,7 @@ lint: install $(NODE_INSTALLED)
 	$(BIN)/python protos/apidoc.py --check
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(MUTANTS_VENV)
 	find protos \( -name '*_pb2*.py*' -o -name '__init__.py' \) -delete
 
 # Side-by-side figures against a shadow-git baseline (tests/bench/README.md); BENCH_ARGS=--quick for a short run.
