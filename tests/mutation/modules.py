@@ -79,13 +79,14 @@ def load_modules() -> list[Module]:
     return [Module(m["name"], tuple(m["files"]), tuple(m["pytest"]), tuple(m.get("functions", ()))) for m in raw]
 
 
-def load_equivalent() -> dict[tuple[str, str, str], str]:
-    """(file, operator, stripped source line) -> why the mutant cannot change behaviour."""
+def load_equivalent() -> dict[tuple[str, str, str, str], str]:
+    """(file, operator, stripped source line, stripped line before it or "") -> why the mutant
+    cannot change behaviour."""
     if not EQUIVALENT.exists():
         return {}
     with open(EQUIVALENT, "rb") as f:
         raw = tomllib.load(f).get("equivalent", [])
-    return {(e["file"], e["operator"], e["line"].strip()): e["reason"] for e in raw}
+    return {(e["file"], e["operator"], e["line"].strip(), e.get("previous", "").strip()): e["reason"] for e in raw}
 
 
 class _Spans(ast.NodeVisitor):
@@ -142,7 +143,7 @@ def _inside(position: tuple[int, int], span: tuple[int, int, int, int]) -> bool:
 
 
 def skip_reason(module: Module, spans: dict[str, _Spans], sources: dict[str, list[str]],
-                equivalent: dict[tuple[str, str, str], str], mutation) -> str | None:
+                equivalent: dict[tuple[str, str, str, str], str], mutation) -> str | None:
     """Why a mutant is not run (None: it is run and counted)."""
     file = str(mutation.module_path)
     operator = mutation.operator_name
@@ -157,7 +158,9 @@ def skip_reason(module: Module, spans: dict[str, _Spans], sources: dict[str, lis
         wanted = [spans[file].functions[name] for name in module.functions if name in spans[file].functions]
         if not any(start <= mutation.start_pos[0] <= end for start, end in wanted):
             return "outside the module's functions"
-    reason = equivalent.get((file, operator, line_text.strip()))
+    previous = sources[file][mutation.start_pos[0] - 2].strip() if mutation.start_pos[0] > 1 else ""
+    reason = equivalent.get((file, operator, line_text.strip(), previous)) or equivalent.get(
+        (file, operator, line_text.strip(), ""))
     if reason is not None:
         return f"equivalent: {reason}"
     return None

@@ -165,6 +165,32 @@ def test_a_rollback_that_would_replace_a_directory_holding_ignored_files_changes
     assert plan.count() == count
 
 
+def test_a_rollback_of_one_path_recreates_its_missing_or_replaced_parents(plan):
+    """Restoring only ``paths`` still creates what they need above them: a parent directory
+    deleted since, or replaced by a file (which the safety checkpoint keeps)."""
+    write(plan.root, "gone/deep/file.txt", "v1")
+    write(plan.root, "flipped/file.txt", "v1")
+    write(plan.root, "untouched/file.txt", "v1")
+    target = plan.create()
+    for name in ("gone/deep/file.txt", "flipped/file.txt"):
+        (plan.root / name).unlink()
+    (plan.root / "gone/deep").rmdir()
+    (plan.root / "gone").rmdir()
+    (plan.root / "flipped").rmdir()
+    write(plan.root, "flipped", "a file where the directory was")
+    write(plan.root, "untouched/file.txt", "v2")
+
+    reply = plan.rollback(target, paths=["gone/deep/file.txt", "flipped/file.txt"])
+
+    assert (plan.root / "gone/deep/file.txt").read_text() == "v1"
+    assert (plan.root / "flipped/file.txt").read_text() == "v1"
+    assert (plan.root / "untouched/file.txt").read_text() == "v2"
+    undo = plan.rollback(reply.safety_checkpoint)
+    assert (plan.root / "flipped").read_text() == "a file where the directory was"
+    assert not (plan.root / "gone").exists()
+    assert undo.safety_checkpoint.checkpoint_id
+
+
 # -- "exact for every captured path (... permission bits ...)" ---------------------------------
 
 
