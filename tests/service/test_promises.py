@@ -171,7 +171,13 @@ def test_a_rollback_of_one_path_recreates_its_missing_or_replaced_parents(plan):
     write(plan.root, "gone/deep/file.txt", "v1")
     write(plan.root, "flipped/file.txt", "v1")
     write(plan.root, "untouched/file.txt", "v1")
+    write(plan.root, "untouched/deleted.txt", "v1")
+    write(plan.root, "untouched/mode.d/file.txt", "v1")
     target = plan.create()
+    (plan.root / "untouched/deleted.txt").unlink()
+    (plan.root / "untouched/mode.d/file.txt").unlink()
+    (plan.root / "untouched/mode.d").rmdir()
+    write(plan.root, "untouched/mode.d", "now a file")
     for name in ("gone/deep/file.txt", "flipped/file.txt"):
         (plan.root / name).unlink()
     (plan.root / "gone/deep").rmdir()
@@ -185,6 +191,9 @@ def test_a_rollback_of_one_path_recreates_its_missing_or_replaced_parents(plan):
     assert (plan.root / "gone/deep/file.txt").read_text() == "v1"
     assert (plan.root / "flipped/file.txt").read_text() == "v1"
     assert (plan.root / "untouched/file.txt").read_text() == "v2"
+    assert not (plan.root / "untouched/deleted.txt").exists()
+    assert (plan.root / "untouched/mode.d").read_text() == "now a file"
+    assert {c.path for c in reply.changes} == {"gone", "gone/deep", "gone/deep/file.txt", "flipped", "flipped/file.txt"}
     undo = plan.rollback(reply.safety_checkpoint)
     assert (plan.root / "flipped").read_text() == "a file where the directory was"
     assert not (plan.root / "gone").exists()
