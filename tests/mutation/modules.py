@@ -166,7 +166,7 @@ def skip_reason(module: Module, spans: dict[str, _Spans], sources: dict[str, lis
     return None
 
 
-def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.Lock) -> dict:
+def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.Lock, count_only: bool = False) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -199,6 +199,8 @@ def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.L
         to_run = len(db.pending_work_items)
     with lock:
         print(f"{module.name}: {to_run} mutants to run ({sum(skipped.values())} left out: {skipped})", flush=True)
+    if count_only:
+        return {"module": module.name, "to_run": to_run, "left_out": skipped}
     baseline = subprocess.run(command.split(), cwd=scratch.root, env=scratch.env, capture_output=True, text=True)
     if baseline.returncode != 0:
         raise SystemExit(f"{module.name}: the tests fail on the unmutated code:\n{baseline.stdout[-3000:]}")
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", nargs="*", default=[], help="only these modules")
     parser.add_argument("--jobs", type=int, default=2, help="modules run side by side")
+    parser.add_argument("--count", action="store_true", help="only count the mutants each module would run")
     args = parser.parse_args(argv)
     cosmic_ray = Path(sys.executable).with_name("cosmic-ray")
     if not cosmic_ray.exists():
@@ -250,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            reports = list(pool.map(lambda m: run_module(m, parent, cosmic_ray, lock), modules))
+            reports = list(pool.map(lambda m: run_module(m, parent, cosmic_ray, lock, args.count), modules))
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+    if args.count:
+        return 0
     print("\n| module | killed | survived | score | time |\n|---|---|---|---|---|")
     for report in reports:
         print(f"| {report['module']} | {report['killed']} | {report['survived']} | {report['score']}% | "

@@ -200,6 +200,22 @@ def test_a_rollback_of_one_path_recreates_its_missing_or_replaced_parents(plan):
     assert undo.safety_checkpoint.checkpoint_id
 
 
+def test_a_directory_only_pattern_keeps_directories_but_not_a_file_of_that_name(plan):
+    """``cache/`` ignores directories named cache, not files: the target accounts for a file
+    named cache (it would have captured one), so a rollback deletes a file created there since,
+    while a directory of that name, ignored by the target, stays."""
+    plan.configure("core.snapshot.ignore_patterns", ["cache/"])
+    write(plan.root, "code.py", "v1")
+    target = plan.create()
+    write(plan.root, "cache", "a file, which the pattern does not ignore")
+    write(plan.root, "sub/cache/blob.bin", "an ignored directory's content")
+
+    plan.rollback(target)
+
+    assert not (plan.root / "cache").exists()
+    assert (plan.root / "sub/cache/blob.bin").read_text() == "an ignored directory's content"
+
+
 # -- "exact for every captured path (... permission bits ...)" ---------------------------------
 
 
