@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
@@ -68,16 +69,17 @@ async def proxied(
     *,
     plan_id: str | None,
     options: Sequence[str] = (),
+    **session_options: Any,
 ) -> AsyncIterator[Proxy]:
     """The host's session with a proxy started over stdio, wrapping `upstream` (a command, or
-    ["--upstream-url", URL])."""
+    ["--upstream-url", URL]); `session_options` go to the host's ClientSession."""
     command = proxy_command(target, workspace, plan_id=plan_id, extra=[*options, *_upstream_args(upstream)])
     stderr_path = workspace.parent / f"{workspace.name}.proxy.log"
     parameters = StdioServerParameters(command=command[0], args=command[1:])
     with open(stderr_path, "w") as errlog:
         async with (
             stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
-            ClientSession(read_stream, write_stream) as session,
+            ClientSession(read_stream, write_stream, **session_options) as session,
         ):
             await session.initialize()
             yield Proxy(session, stderr_path)

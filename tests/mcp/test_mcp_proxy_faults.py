@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 import pytest
 from ulid import ULID
 
@@ -30,7 +31,7 @@ from tests.mcp.proxy_host import (
 
 pytestmark = pytest.mark.anyio
 
-DEADLINE_MS = 2000
+DEADLINE_MS = 3000
 # Liveness bound, not a speed claim: two checkpoints, each bounded by the deadline, plus a slow machine.
 BOUND_S = 2 * DEADLINE_MS / 1000 + 8
 
@@ -162,3 +163,44 @@ def test_a_wrapped_tool_named_like_an_undo_tool_stops_the_proxy(checkpointd_serv
     assert finished.returncode == 1
     assert "tools named checkpoint_list" in finished.stderr and "--no-extra-tools" in finished.stderr
     assert "Traceback" not in finished.stderr
+
+
+async def test_resources_prompts_and_notifications_pass_through(checkpointd_server, workspace: Path) -> None:
+    plan_id = str(ULID())
+    logged: list[types.LoggingMessageNotificationParams] = []
+    tools_changed = anyio.Event()
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(params)
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            tools_changed.set()
+
+    async with proxied(checkpointd_server.tcp_target, workspace, [*SLOW_SERVER, str(workspace)], plan_id=plan_id,
+                       logging_callback=on_log, message_handler=on_message) as proxy:
+        capabilities = proxy.session.server_capabilities
+        assert capabilities.resources is not None and capabilities.prompts is not None
+        assert capabilities.tools.list_changed is True
+
+        (resource,) = (await proxy.session.list_resources()).resources
+        assert (resource.uri, resource.mime_type, resource.annotations.priority) == ("note://hello", "text/plain", 0.25)
+        assert resource.meta == {"test/origin": "slow_server"}
+        (contents,) = (await proxy.session.read_resource("note://hello")).contents
+        assert contents.text == "hello, reader"
+        (prompt,) = (await proxy.session.list_prompts()).prompts
+        assert prompt.name == "greet" and prompt.arguments[0].name == "who"
+        greeting = await proxy.session.get_prompt("greet", {"who": "the host"})
+        assert greeting.messages[0].content.text == "Say hello to the host."
+
+        await proxy.call("announce")
+        with anyio.fail_after(WAIT_S):
+            await tools_changed.wait()
+        assert [(entry.level, entry.data) for entry in logged] == [("info", "announced")]
+        assert not (await proxy.call("late_read")).is_error
+
+    # announce has no annotations (a write tool); late_read, learnt from the new list, is read-only.
+    assert timeline(checkpoints_of(checkpointd_server.tcp_target, plan_id)) == [
+        ("before_tool_execute", "announce"),
+        ("after_tool_execute", "announce"),
+    ]

@@ -1,6 +1,7 @@
 """The human side of the ``checkpointd`` command: ls, show, diff, rollback, create, delete,
-config, health (all through the Python client, against a running server) and gc (offline,
-on a data directory). Parsers are declared here; each command's module is imported only
+config, health (all through the Python client, against a running server), gc (offline,
+on a data directory) and mcp-proxy (an MCP server wrapping another, checkpointing its write
+tools; the code is checkpointd_client.mcp_proxy). Parsers are declared here; each command's module is imported only
 when it runs, so ``checkpointd serve`` does not pay for rich and the client."""
 
 from __future__ import annotations
