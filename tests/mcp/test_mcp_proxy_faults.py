@@ -204,3 +204,21 @@ async def test_resources_prompts_and_notifications_pass_through(checkpointd_serv
         ("before_tool_execute", "announce"),
         ("after_tool_execute", "announce"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("upstream", "exit_code", "message"),
+    [
+        (["--", "/no/such/server"], 1, "the wrapped MCP server (/no/such/server): [Errno 2]"),
+        (["--upstream-url", "http://127.0.0.1:1/mcp"], 1, "the wrapped MCP server (http://127.0.0.1:1/mcp):"),
+        (["--", "false"], 1, "the wrapped MCP server (false): Connection closed"),
+        ([], 2, "no MCP server to wrap"),
+    ],
+)
+def test_a_proxy_that_cannot_start_says_why_in_one_line(
+    checkpointd_server, workspace: Path, upstream: list[str], exit_code: int, message: str
+) -> None:
+    command = proxy_command(checkpointd_server.tcp_target, workspace, plan_id=None, extra=upstream)
+    finished = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == exit_code
+    assert message in finished.stderr and "Traceback" not in finished.stderr

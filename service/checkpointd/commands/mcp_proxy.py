@@ -22,15 +22,20 @@ def _header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def _expected_failures() -> tuple[type[BaseException], ...]:
-    """Failures that end the proxy with one line on stderr instead of a traceback."""
+def _upstream_failures() -> tuple[type[BaseException], ...]:
+    """Failures of the wrapped server: it cannot be started or reached, or broke off the handshake."""
+    import httpx2
     from mcp.shared.exceptions import MCPError
 
+    return OSError, MCPError, httpx2.HTTPError
+
+
+def _expected_failures() -> tuple[type[BaseException], ...]:
+    """Failures that end the proxy with one line on stderr instead of a traceback."""
     from checkpointd_client import CheckpointdClientError
     from checkpointd_client.mcp_proxy import ProxyOptionsError, ToolNameClash
 
-    return (ProxyOptionsError, ToolNameClash, CheckpointdClientError, ConnectionOptionsError, MCPError, OSError,
-            ValueError)
+    return ProxyOptionsError, ToolNameClash, CheckpointdClientError, ConnectionOptionsError, ValueError
 
 
 def _leaf(error: BaseException, wanted: tuple[type[BaseException], ...]) -> BaseException | None:
@@ -49,10 +54,12 @@ def mcp_proxy(args: argparse.Namespace) -> int:
     try:
         from checkpointd_client import mcp_proxy as proxy
     except ImportError as error:
-        print(f"checkpointd mcp-proxy: error: needs the mcp extra (pip install 'checkpointd[mcp]'): {error}",
+        print(f"checkpointd mcp-proxy: error: needs the 'mcp' extra (the MCP SDK): {error}",
               file=sys.stderr)
         return 2
-    expected = _expected_failures()
+    upstream_failures = _upstream_failures()
+    expected = (*_expected_failures(), *upstream_failures)
+    upstream = None
     try:
         configure_logging(args.log_level, LogFormat.TEXT, stream=sys.stderr)
         upstream_command = list(args.upstream_command)
@@ -85,14 +92,14 @@ def mcp_proxy(args: argparse.Namespace) -> int:
         proxy.run(options)
     except KeyboardInterrupt:
         return 130
-    except expected as error:
-        print(f"checkpointd mcp-proxy: error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, proxy.ProxyOptionsError | ConnectionOptionsError) else 1
-    except BaseExceptionGroup as group:
-        failure = _leaf(group, expected)
+    except BaseException as error:
+        failure = _leaf(error, expected)
         if failure is None:
             raise
-        logging.getLogger("checkpointd.mcp_proxy").debug("proxy failed", exc_info=group)
-        print(f"checkpointd mcp-proxy: error: {failure}", file=sys.stderr)
-        return 1
+        logging.getLogger("checkpointd.mcp_proxy").debug("proxy failed", exc_info=error)
+        message = str(failure) or type(failure).__name__
+        if isinstance(failure, upstream_failures) and upstream is not None:
+            message = f"the wrapped MCP server ({upstream.describe()}): {message}"
+        print(f"checkpointd mcp-proxy: error: {message}", file=sys.stderr)
+        return 2 if isinstance(failure, proxy.ProxyOptionsError | ConnectionOptionsError) else 1
     return 0
