@@ -28,18 +28,26 @@ READ_ONLY_CALLS = [
 
 
 async def test_read_only_tools_make_no_checkpoint(checkpointd_server, workspace: Path, filesystem_server) -> None:
+    """... in the plan the proxy made for the run (no --plan-id) and named on stderr."""
     (workspace / "notes.txt").write_text("first draft\n")
-    plan_id = str(ULID())
-    async with proxied(checkpointd_server.tcp_target, workspace, [str(filesystem_server), str(workspace)],
-                       plan_id=plan_id) as proxy:
+    target = checkpointd_server.tcp_target
+    async with proxied(target, workspace, [str(filesystem_server), str(workspace)], plan_id=None) as proxy:
+        log = await proxy.wait_for_stderr("checkpointd mcp-proxy: plan ")
+        plan_id = log.split("checkpointd mcp-proxy: plan ", 1)[1].split(",", 1)[0]
         tools = {tool.name: tool for tool in (await proxy.session.list_tools()).tools}
         for name, arguments in READ_ONLY_CALLS:
             assert tools[name].annotations.read_only_hint is True
             result = await proxy.call(name, arguments(workspace))
             assert not result.is_error, (name, text_of(result))
         assert "first draft" in text_of(await proxy.call("read_text_file", {"path": str(workspace / "notes.txt")}))
+        assert checkpoints_of(target, plan_id) == []
+        await proxy.call("write_file", {"path": str(workspace / "a.txt"), "content": "a"})
 
-    assert checkpoints_of(checkpointd_server.tcp_target, plan_id) == []
+    assert str(ULID.from_str(plan_id)) == plan_id
+    assert timeline(checkpoints_of(target, plan_id)) == [
+        ("before_tool_execute", "write_file"),
+        ("after_tool_execute", "write_file"),
+    ]
 
 
 async def test_write_tools_run_between_a_before_and_an_after_checkpoint(
@@ -126,20 +134,4 @@ async def test_overrides_beat_the_annotations(checkpointd_server, workspace: Pat
     assert timeline(checkpoints_of(checkpointd_server.tcp_target, plan_id)) == [
         ("before_tool_execute", "read_text_file"),
         ("after_tool_execute", "read_text_file"),
-    ]
-
-
-async def test_without_a_plan_id_the_proxy_makes_one_and_says_which(
-    checkpointd_server, workspace: Path, filesystem_server
-) -> None:
-    async with proxied(checkpointd_server.tcp_target, workspace, [str(filesystem_server), str(workspace)],
-                       plan_id=None) as proxy:
-        log = await proxy.wait_for_stderr("checkpointd mcp-proxy: plan ")
-        plan_id = log.split("checkpointd mcp-proxy: plan ", 1)[1].split(",", 1)[0]
-        await proxy.call("write_file", {"path": str(workspace / "a.txt"), "content": "a"})
-
-    assert str(ULID.from_str(plan_id)) == plan_id
-    assert timeline(checkpoints_of(checkpointd_server.tcp_target, plan_id)) == [
-        ("before_tool_execute", "write_file"),
-        ("after_tool_execute", "write_file"),
     ]

@@ -15,12 +15,23 @@ pytestmark = pytest.mark.anyio
 CHECKPOINT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
 
-async def test_the_undo_tools_are_listed_with_honest_annotations(
+async def test_the_undo_tools_are_listed_honestly_and_check_their_arguments(
     checkpointd_server, workspace: Path, filesystem_server
 ) -> None:
     async with proxied(checkpointd_server.tcp_target, workspace, [str(filesystem_server), str(workspace)],
                        plan_id=str(ULID())) as proxy:
         tools = {tool.name: tool for tool in (await proxy.session.list_tools()).tools}
+        empty = await proxy.call("checkpoint_list", {})
+        assert not empty.is_error and "no checkpoints yet" in text_of(empty)
+        for arguments, reason in (
+            ({}, "checkpoint_id must be a non-empty string"),
+            ({"checkpoint_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "confirm": "yes"}, "confirm must be true or false"),
+            ({"checkpoint_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "everything": True}, "unknown arguments"),
+            ({"checkpoint_id": "not-a-ulid"}, "INVALID_CHECKPOINT_ID"),
+            ({"checkpoint_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV"}, "NOT_FOUND"),
+        ):
+            result = await proxy.call("checkpoint_rollback", arguments)
+            assert result.is_error and reason in text_of(result), (arguments, text_of(result))
     assert tools["checkpoint_list"].annotations.read_only_hint is True
     assert tools["checkpoint_diff"].annotations.read_only_hint is True
     rollback = tools["checkpoint_rollback"].annotations
@@ -80,21 +91,3 @@ async def test_checkpoint_rollback_restores_the_file_after_a_dry_run(
         assert (newest.checkpoint_id, newest.rollback_target_checkpoint_id) == (safety, before_breaking)
         await proxy.call("checkpoint_rollback", {"checkpoint_id": safety, "confirm": True})
         assert notes.read_text() == "broken\n" and (workspace / "stray.txt").read_text() == "stray\n"
-
-
-async def test_bad_arguments_and_unknown_checkpoints_are_error_results(
-    checkpointd_server, workspace: Path, filesystem_server
-) -> None:
-    async with proxied(checkpointd_server.tcp_target, workspace, [str(filesystem_server), str(workspace)],
-                       plan_id=str(ULID())) as proxy:
-        empty = await proxy.call("checkpoint_list", {})
-        assert not empty.is_error and "no checkpoints yet" in text_of(empty)
-        for arguments, reason in (
-            ({}, "checkpoint_id must be a non-empty string"),
-            ({"checkpoint_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "confirm": "yes"}, "confirm must be true or false"),
-            ({"checkpoint_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "everything": True}, "unknown arguments"),
-            ({"checkpoint_id": "not-a-ulid"}, "INVALID_CHECKPOINT_ID"),
-            ({"checkpoint_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV"}, "NOT_FOUND"),
-        ):
-            result = await proxy.call("checkpoint_rollback", arguments)
-            assert result.is_error and reason in text_of(result), (arguments, text_of(result))

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 CLIENT_NAME = "checkpointd-mcp-proxy"
 # A tool call may hold its response stream open for long: only connecting and writing are bounded.
 HTTP_TIMEOUT = httpx2.Timeout(30.0, read=None)
+# A server whose cursor never ends cannot keep the proxy listing forever.
+MAX_TOOL_PAGES = 100
 RawResult = dict[str, Any]
 _RAW_RESULT: TypeAdapter[RawResult] = TypeAdapter(RawResult)
 # `_meta` keys the SDK stamps per connection (protocol version, client info...); each side sets its own.
@@ -76,15 +78,17 @@ class UpstreamSession:
         return await self.session.send_request(request, _RAW_RESULT, progress_callback=on_progress)
 
     async def list_all_tools(self) -> list[dict[str, Any]]:
-        """Every upstream tool, all pages, as raw tool objects."""
+        """Every upstream tool, all pages (at most MAX_TOOL_PAGES of them), as raw tool objects."""
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
-        while True:
+        for _ in range(MAX_TOOL_PAGES):
             result = await self.request("tools/list", {"cursor": cursor} if cursor else None)
             tools.extend(tool for tool in result.get("tools", []) if isinstance(tool, dict))
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or not cursor:
                 return tools
+        logger.warning("the wrapped server's tool list goes on past %d pages; using the first ones", MAX_TOOL_PAGES)
+        return tools
 
 
 def _roots_answer(workspace_root: Path) -> Callable[[ClientRequestContext], Awaitable[types.ListRootsResult]]:
