@@ -8,6 +8,9 @@ PROTO_SOURCES := $(shell find protos -name '*.proto')
 NODE_DIR := clients/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 BUF := $(NODE_DIR)/node_modules/.bin/buf
+# The reference MCP filesystem server (pinned) that tests/mcp wraps with `checkpointd mcp-proxy`.
+MCP_UPSTREAM_DIR := tests/mcp/upstream
+MCP_UPSTREAM_INSTALLED := $(MCP_UPSTREAM_DIR)/node_modules/.installed
 
 .PHONY: install proto run test test-slow test-mutants mutants lint bench clean
 
@@ -25,6 +28,10 @@ $(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund
 	touch $@
 
+$(MCP_UPSTREAM_INSTALLED): $(MCP_UPSTREAM_DIR)/package.json $(MCP_UPSTREAM_DIR)/package-lock.json
+	cd $(MCP_UPSTREAM_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
 proto: $(INSTALLED)
 	$(BIN)/python protos/generate.py
 	$(BIN)/python protos/apidoc.py
@@ -37,7 +44,7 @@ run: install
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 CORE_SUITES := tests/service tests/clients tests/features
 
-test: install $(NODE_INSTALLED)
+test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"
 	CHECKPOINTD_TEST_DB_URL=$(POSTGRES_URL) CHECKPOINTD_TEST_SERVER_ARGS="--store db" $(BIN)/pytest $(CORE_SUITES)
 	CHECKPOINTD_TEST_SERVER_ARGS="--watcher off" $(BIN)/pytest tests/service tests/e2e
