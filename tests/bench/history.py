@@ -129,10 +129,7 @@ def converge(root: Path, current: TreeEntries, target: TreeEntries, blob: Callab
     for path in removed:
         os.unlink(root / path)
     for path in sorted(removed, key=len, reverse=True):
-        parent = (root / path).parent
-        while parent != root and parent.is_dir() and not os.listdir(parent):
-            parent.rmdir()
-            parent = parent.parent
+        remove_empty_directories(root, (root / path).parent)
     for path, (mode, object_id) in sorted(target.items()):
         was = None if path in removed else current.get(path)
         if was == (mode, object_id):
@@ -154,6 +151,13 @@ def converge(root: Path, current: TreeEntries, target: TreeEntries, blob: Callab
             os.fchmod(descriptor, permissions)
         finally:
             os.close(descriptor)
+
+
+def remove_empty_directories(root: Path, directory: Path) -> None:
+    """Removes ``directory`` if it is empty, then each parent left empty, up to ``root``."""
+    while directory != root and directory.is_dir() and not os.listdir(directory):
+        directory.rmdir()
+        directory = directory.parent
 
 
 def workspace_state(root: Path) -> tuple[TreeEntries, set[str]]:
@@ -385,6 +389,8 @@ class HistoryBench:
         for system in ready:
             if result.for_system(system).error is None:
                 wrong.for_system(system).samples.append(len(result.for_system(system).wrong))
+            else:
+                wrong.for_system(system).error = result.for_system(system).error
 
     def rollback(self, system: str, series: Series, target: int, before: TreeEntries, target_files: TreeEntries,
                  expected: TreeEntries) -> None:
@@ -408,7 +414,7 @@ class HistoryBench:
         converge(workspace, {path: verdict.on_disk[path] for path in verdict.unexpected + verdict.changed},
                  {path: expected[path] for path in verdict.missing + verdict.changed}, self.source.blob)
         for directory in sorted(verdict.empty_directories, key=len, reverse=True):
-            (workspace / directory).rmdir()
+            remove_empty_directories(workspace, workspace / directory)
         repaired = self.verify(workspace, before, target_files, expected)
         if not repaired.exact:
             raise RuntimeError(f"could not repair the {system} workspace: {repaired.describe()}")
