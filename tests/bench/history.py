@@ -551,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(RunOptions(**run_options(parser, arguments)))
     try:
         source = open_source(run, arguments.repository)
+        if source.git("rev-parse", "--show-object-format").decode().strip() != "sha1":
+            raise RuntimeError("only SHA-1 repositories can be replayed (blob ids are compared as SHA-1)")
         rev = source.git("rev-parse", "--verify", f"{arguments.rev}^{{commit}}").decode().strip()
         commits, warning = choose_commits(source, rev, arguments.commits)
         if len(commits) < 2:
