@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import uuid
 from collections.abc import Iterable, Iterator
@@ -22,8 +23,10 @@ from checkpointd.core.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.faults import Point, crash_point
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: The one name prefix the server creates in workspaces; captures never include such names.
+#: The one name prefix the server creates in workspaces (see ``Workspace._temp_name``).
 TEMP_PREFIX = ".checkpointd-tmp-"
+#: The whole of such a name: the prefix, an optional 32-hex tag and '-', a 32-hex uuid.
+_TEMP_NAME = re.compile(r"\.checkpointd-tmp-(?:[0-9a-f]{32}-)?[0-9a-f]{32}\Z")
 #: errno values meaning "a path component is not the directory it was": a symlink or file
 #: where a directory was expected, or a directory where a file was.
 _SWAPPED = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
@@ -42,6 +45,13 @@ def validate_relpath(path: str, field: str = "paths") -> str:
         raise InvalidArgument(Reason.INVALID_PATH, f"path {path!r} has an empty, '.' or '..' component",
                               field=field, path=path)
     return path
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is exactly what the server names its temporary files: only such names
+    are left out of captures (and reported as skipped); a user's file that merely starts with
+    the prefix is captured like any other."""
+    return name.startswith(TEMP_PREFIX) and _TEMP_NAME.match(name) is not None
 
 
 def is_under(path: str, prefixes: Iterable[str]) -> bool:
