@@ -62,7 +62,7 @@ from checkpointd.core.store import Batch
 from checkpointd.core.telemetry import CaptureMode
 from checkpointd.core.tree import Entry, EntryKind, Trees
 from checkpointd.core.watcher import ENTRY, SUBTREE, Changes, Journal, Watcher
-from checkpointd.core.workspace import UnsafePath, Workspace
+from checkpointd.core.workspace import Directories, UnsafePath, Workspace
 
 log = logging.getLogger("checkpointd.capture")
 
@@ -227,15 +227,16 @@ class Capturer:
             reason = "objects were deleted from the store since the last capture"
         if not reason:
             indexed = self.snapshotter.index.for_root(workspace.root)
-            dirty, unchanged_linked = self._unvouched(base, changes.dirty, mounts, workspace, indexed)
-            rules = state.rules
-            if rules is None or any(kind & SUBTREE or path.rpartition("/")[2] == GITIGNORE
-                                    for path, kind in dirty.items()):
-                rules = disk_rules(workspace, patterns, excluded)
-            state.rules = rules
             try:
-                result = self._incremental(base, dirty, unchanged_linked, workspace, rules, max_size, batch,
-                                           journal, indexed)
+                with workspace.directories() as dirs:
+                    dirty, unchanged_linked = self._unvouched(base, changes.dirty, mounts, dirs, indexed)
+                    rules = state.rules
+                    if rules is None or any(kind & SUBTREE or path.rpartition("/")[2] == GITIGNORE
+                                            for path, kind in dirty.items()):
+                        rules = disk_rules(workspace, patterns, excluded)
+                    state.rules = rules
+                    result = self._incremental(base, dirty, unchanged_linked, dirs, rules, max_size, batch,
+                                               journal, indexed)
             except _NeedFullScan as why:
                 reason = str(why)
             else:
@@ -252,7 +253,7 @@ class Capturer:
         # what happened meanwhile is known only to that scan, so the next capture scans fully.
         return result, Changes(changes.dirty, reason or "a full scan was not committed"), CaptureMode.FULL
 
-    def _unvouched(self, base: _Base, dirty: dict[str, int], mounts: frozenset[str], workspace: Workspace,
+    def _unvouched(self, base: _Base, dirty: dict[str, int], mounts: frozenset[str], dirs: Directories,
                    indexed: RootIndex) -> tuple[dict[str, int], dict[str, Inode]]:
         """The journal's dirty paths plus what it cannot vouch for: the base's linked files whose
         stat no longer matches the index, and every mount point (those there now, and those that
@@ -260,7 +261,7 @@ class Capturer:
         if not base.linked and not mounts and not base.mounts:
             return dirty, {}
         extended = dict(dirty)
-        unchanged = self._unchanged_linked(base, workspace, indexed)
+        unchanged = self._unchanged_linked(base, dirs, indexed)
         for path in base.linked:
             if path not in unchanged:
                 extended[path] = extended.get(path, 0) | ENTRY
@@ -275,27 +276,20 @@ class Capturer:
         return extended, unchanged
 
     @staticmethod
-    def _unchanged_linked(base: _Base, workspace: Workspace, indexed: RootIndex) -> dict[str, Inode]:
+    def _unchanged_linked(base: _Base, dirs: Directories, indexed: RootIndex) -> dict[str, Inode]:
         """The base's linked files that are still what the base recorded: the same inode, still
         linked, and a stat that matches the index (a write through any name changes it)."""
-        by_parent: dict[str, list[str]] = {}
-        for path in base.linked:
-            by_parent.setdefault(_parent(path), []).append(path)
         unchanged: dict[str, Inode] = {}
-        for parent, paths in by_parent.items():
+        for path in sorted(base.linked):
+            parent, _, name = path.rpartition("/")
             try:
-                with workspace.dir_fd(parent) as parent_fd:
-                    for path in paths:
-                        try:
-                            st = os.lstat(path.rpartition("/")[2], dir_fd=parent_fd)
-                        except OSError:
-                            continue
-                        known = indexed.get(path)
-                        if (stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and known is not None
-                                and (st.st_dev, st.st_ino) == base.linked[path] and known.matches(st)):
-                            unchanged[path] = base.linked[path]
+                st = os.lstat(name, dir_fd=dirs.fd(parent))
             except (OSError, UnsafePath):
                 continue
+            known = indexed.get(path)
+            if (stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and known is not None
+                    and (st.st_dev, st.st_ino) == base.linked[path] and known.matches(st)):
+                unchanged[path] = base.linked[path]
         return unchanged
 
     def _hook(self, journal: Journal):
@@ -309,7 +303,7 @@ class Capturer:
         return on_dir
 
     def _incremental(self, base: _Base, dirty: dict[str, int], unchanged_linked: dict[str, Inode],
-                     workspace: Workspace, rules: IgnoreRules, max_size: int, batch: Batch, journal: Journal,
+                     dirs: Directories, rules: IgnoreRules, max_size: int, batch: Batch, journal: Journal,
                      indexed: RootIndex) -> CaptureResult:
         # Deeper paths are under a directory too deep to be entered (see ``MAX_DIR_DEPTH``).
         dirty = {path: kind for path, kind in dirty.items() if path and path.count("/") <= MAX_DIR_DEPTH}
@@ -323,7 +317,7 @@ class Capturer:
         for path in sorted(dirty):
             if _under(path, apply.replaced):
                 continue
-            self._examine(path, dirty[path], apply, workspace, rules, max_size, batch, journal, indexed)
+            self._examine(path, dirty[path], apply, dirs, rules, max_size, batch, journal, indexed)
         known_inodes = set(base.linked.values())
         if not known_inodes.issuperset(apply.linked.values()):
             # Its other names in the workspace may be files the base took for single ones.
@@ -337,7 +331,7 @@ class Capturer:
         skipped = sorted(apply.skipped.values(), key=lambda s: s.path)
         return CaptureResult(tree, apply.file_count, apply.total_size, skipped, linked)
 
-    def _examine(self, path: str, kind: int, delta: _Delta, workspace: Workspace, rules: IgnoreRules,
+    def _examine(self, path: str, kind: int, delta: _Delta, dirs: Directories, rules: IgnoreRules,
                  max_size: int, batch: Batch, journal: Journal, indexed: RootIndex) -> None:
         """Works out the entry at one dirty path and records it in ``delta``. An entry that
         changes type meanwhile is looked at again, a few times; one that keeps changing, or a
@@ -346,9 +340,8 @@ class Capturer:
         parent, _, name = path.rpartition("/")
         for _attempt in range(ENTRY_ATTEMPTS):
             try:
-                with workspace.dir_fd(parent) as parent_fd:
-                    self._examine_in(parent_fd, path, name, kind, old, delta, rules, max_size, batch, journal,
-                                     indexed)
+                self._examine_in(dirs.fd(parent), path, name, kind, old, delta, rules, max_size, batch, journal,
+                                 indexed)
                 return
             except (FileNotFoundError, NotADirectoryError, UnsafePath):
                 delta.set(path, old, None)

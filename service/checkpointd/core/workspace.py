@@ -114,6 +114,16 @@ class Workspace:
             finally:
                 os.close(fd)
 
+    @contextlib.contextmanager
+    def directories(self) -> Iterator[Directories]:
+        """Directory fds for many paths in one go (see ``Directories``)."""
+        with self.root_fd() as root:
+            opened = Directories(root)
+        try:
+            yield opened
+        finally:
+            opened.close()
+
     def lstat(self, path: str) -> os.stat_result | None:
         parent, _, name = path.rpartition("/")
         try:
@@ -251,3 +261,39 @@ class Workspace:
                 raise UnsafePath(path) from exc
             raise
         return True
+
+
+class Directories:
+    """Directory fds reached from the root one component at a time without following links, as
+    ``Workspace.dir_fd`` does, but keeping those of the last directory asked for and of its
+    ancestors: asked in sorted order, each directory is opened once, and no more descriptors
+    are open at a time than the path is deep."""
+
+    def __init__(self, root_fd: int) -> None:
+        #: (name, fd) of the root, then of each component of the last directory asked for.
+        self._open: list[tuple[str, int]] = [("", os.dup(root_fd))]
+
+    def fd(self, path: str) -> int:
+        """The fd of directory ``path`` ('' is the root); valid until another one is asked for.
+        Raises UnsafePath (a component is a symlink or not a directory) or FileNotFoundError."""
+        parts = path.split("/") if path else []
+        kept = 1
+        while kept < len(self._open) and kept <= len(parts) and self._open[kept][0] == parts[kept - 1]:
+            kept += 1
+        self._close_from(kept)
+        for part in parts[kept - 1:]:
+            try:
+                fd = os.open(part, _DIR_FLAGS, dir_fd=self._open[-1][1])
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(path) from exc
+                raise
+            self._open.append((part, fd))
+        return self._open[-1][1]
+
+    def _close_from(self, index: int) -> None:
+        while len(self._open) > index:
+            os.close(self._open.pop()[1])
+
+    def close(self) -> None:
+        self._close_from(0)
