@@ -76,6 +76,7 @@ def engines(tmp_path: Path) -> Iterator[Engines]:
     root = tmp_path / "ws"
     root.mkdir()
     yield Engines(store, trees, watched, full, watcher, root, [])
+    watched.close()
     watcher.close()
 
 

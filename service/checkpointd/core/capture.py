@@ -137,6 +137,9 @@ class Capturer:
         #: How the captures went, for tests and logs.
         self.counts = dict.fromkeys(CaptureMode, 0)
 
+    def close(self) -> None:
+        self.mounts.close()
+
     def _captured(self, mode: CaptureMode, started: float) -> None:
         self.counts[mode] += 1
         telemetry.captured(mode, time.perf_counter() - started)

@@ -286,6 +286,7 @@ class Checkpoints:
         """Writes what waits in the group commit, then stops the snapshot engine's reader
         processes; a capture still running reads its files itself."""
         self._new_checkpoints.close()
+        self.capturer.close()
         self.snapshotter.close()
 
     # -- plumbing -----------------------------------------------------------------------
