@@ -42,7 +42,8 @@ run: install
 # The core and interceptor suites run three ways: SQLite + disk store + file watcher (the
 # whole suite), PostgreSQL + database store, and with the file watcher off.
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
-CORE_SUITES := tests/service tests/clients tests/features
+CORE_SUITES := tests/service tests/clients tests/features tests/engine/test_unwatched_changes.py \
+	tests/hardening/test_gc_capture_races.py
 
 test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"
