@@ -88,6 +88,12 @@ RACES = {
     # tool rewrites e.new first.
     "rewrite-a-file-the-rollback-deletes": ({}, {"d.new": b"new since", "e.new": b"new since"}, "e.new",
                                             lambda p: write(p, b"written while the rollback ran")),
+    # The rollback will replace e.log, which a .gitignore written since leaves out: the safety
+    # capture reads it on its own (no stat identity of it is recorded), and the tool rewrites it with
+    # as many bytes, its mtime put back: only its content tells.
+    "rewrite-a-file-ignored-now": ({"e.log": b"checkpointed e"},
+                                   {"e.log": b"changed since e", ".gitignore": b"*.log\n"}, "e.log",
+                                   _same_size_same_mtime),
     # The rollback will create e.txt (the checkpoint has it); the tool creates it first.
     "create-a-file-the-rollback-creates": ({"e.txt": b"checkpointed e"}, {"e.txt": None}, "e.txt",
                                            lambda p: write(p, b"created while the rollback ran")),
