@@ -43,12 +43,13 @@ run: install
 # whole suite), PostgreSQL + database store, and with the file watcher off.
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 CORE_SUITES := tests/service tests/clients tests/features tests/engine/test_unwatched_changes.py \
-	tests/hardening/test_gc_capture_races.py
+	tests/hardening/test_gc_capture_races.py tests/hardening/test_rollback_races.py \
+	tests/hardening/test_rollback_journal.py
 
 test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"
 	CHECKPOINTD_TEST_DB_URL=$(POSTGRES_URL) CHECKPOINTD_TEST_SERVER_ARGS="--store db" $(BIN)/pytest $(CORE_SUITES)
-	CHECKPOINTD_TEST_SERVER_ARGS="--watcher off" $(BIN)/pytest tests/service tests/e2e
+	CHECKPOINTD_TEST_SERVER_ARGS="--watcher off" $(BIN)/pytest tests/service tests/e2e tests/hardening/test_rollback_races.py
 	cd $(NODE_DIR) && npm test
 
 # The long hardening variants (8 plans x 1,000 checkpoints; 100 extra kill points).

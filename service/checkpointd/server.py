@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Coroutine
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -269,6 +270,7 @@ class CheckpointdServer:
             self._stopped.wait()
             return
         grace = self.settings.grace_seconds if grace is None else grace
+        deadline = time.monotonic() + grace
         self._stopping.set()
         self._on_loop(self.health.enter_graceful_shutdown())
         self.drain.begin()
@@ -276,7 +278,12 @@ class CheckpointdServer:
         log.info("draining: %d call(s) in flight", self.drain.in_flight)
         if not self.drain.wait_idle(grace):
             log.warning("grace period of %ss ended with %d call(s) still running", grace, self.drain.in_flight)
-        self._on_loop(self.server.stop(0))
+        # A call's handler has returned, but its response may still be on its way (a large one, a
+        # slow client): stopping with a grace lets gRPC finish sending what is in flight; whatever
+        # still runs when the grace period ends (an open health Watch stream) is cancelled.
+        remaining = max(0.0, deadline - time.monotonic())
+        log.info("every call has finished; waiting for their responses to be sent (at most %.1fs)", remaining)
+        self._on_loop(self.server.stop(remaining))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join()
         self._loop.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import create_engine, inspect, text
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd.core.faults import FAULT_DIR_VARIABLE, Action
@@ -44,6 +45,22 @@ def fsck(server, full: bool = True) -> FsckReport:
     """The integrity check of a stopped server's data directory."""
     assert server.process is None, "stop the server first: fsck needs its data directory alone"
     return check_data_dir(server.data_dir, server.db_url, server.store_kind, full=full)
+
+
+def pending_rollbacks(server) -> list[str]:
+    """Plans with an unfinished rollback: the rollback journal's entries in the server's database
+    (its SQLite file or its PostgreSQL database); readable while the server runs."""
+    sqlite_file = server.data_dir / "checkpointd.db"
+    if not server.db_url and not sqlite_file.exists():
+        return []
+    engine = create_engine(server.db_url or f"sqlite:///{sqlite_file}")
+    try:
+        with engine.connect() as connection:
+            if not inspect(connection).has_table("rollback_journal"):
+                return []
+            return sorted(connection.execute(text("SELECT plan_id FROM rollback_journal")).scalars())
+    finally:
+        engine.dispose()
 
 
 def assert_fsck_clean(server, allow_pending: bool = False) -> FsckReport:

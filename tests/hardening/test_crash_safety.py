@@ -32,6 +32,7 @@ from tests.hardening.support import (
     fsck,
     list_all,
     mutate_workspace,
+    pending_rollbacks,
     seed_workspace,
     start_with_faults,
     with_subset,
@@ -45,8 +46,8 @@ SEED = int(os.environ.get("CHECKPOINTD_HARDENING_SEED", "20240611"))
 STEPS_PER_ARMING = 40
 #: Points of each family and the largest N drawn for them (how often one call reaches them).
 CREATE_POINTS = {Point.CREATE_CAPTURED: 2, Point.CREATE_COMMITTED: 2, Point.WORKSPACE_READ: 14}
-ROLLBACK_POINTS = {Point.ROLLBACK_PLANNED: 2, Point.ROLLBACK_SAFETY_COMMITTED: 2, Point.ROLLBACK_JOURNALED: 2,
-                   Point.RESTORE_CHANGE: 24, Point.WORKSPACE_WRITE: 8, Point.ROLLBACK_APPLIED: 2}
+ROLLBACK_POINTS = {Point.ROLLBACK_PLANNED: 2, Point.ROLLBACK_SAFETY_COMMITTED: 2, Point.RESTORE_CHANGE: 24,
+                   Point.WORKSPACE_WRITE: 8, Point.ROLLBACK_APPLIED: 2}
 
 
 #: How a kill during a state-only create (served on the event loop) is recorded.
@@ -124,8 +125,8 @@ class CrashDriver:
             assert report.ok, report.to_json()
 
     def pending_journals(self) -> list[str]:
-        journal = self.server.data_dir / "rollback-journal"
-        return sorted(p.name for p in journal.glob("*.json")) if journal.is_dir() else []
+        """Plans with an unfinished rollback: entries of the journal in the server's database."""
+        return pending_rollbacks(self.server)
 
     def call(self, method: str, request, after_restart=None, during: str = ""):
         """One mutating call, carried through kills by retrying the same request (same request_id);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -91,17 +92,27 @@ def _large_digests_in_db(server) -> list[str]:
 
 
 def test_unfinished_and_unreadable_journals(populated) -> None:
+    """Entries of the rollback journal in the database, and files an older server left, are
+    listed as pending; any that cannot be read is a problem too."""
     server, plan_id, checkpoints, _ = populated
-    journal = server.data_dir / "rollback-journal"
     entry = JournalEntry(plan_id=plan_id, workspace_root="/nowhere", target_checkpoint_id=checkpoints[0].checkpoint_id,
                          safety_checkpoint_id=checkpoints[1].checkpoint_id, safety_tree="00" * 32, paths=(),
-                         temp_tag="t", directories=("",), goal=Goal.COMPLETE)
-    (journal / f"{plan_id}.json").write_bytes(entry.to_json())
-    other = str(ULID())
-    (journal / f"{other}.json").write_text(json.dumps({"version": 99}))
+                         temp_tag="t", directories=("",), goal=Goal.COMPLETE, last_sequence=2)
+    garbled = str(ULID())
+    for plan, body in ((plan_id, entry.to_record()), (garbled, {"version": 99})):
+        _sql(server, "INSERT INTO rollback_journal (plan_id, entry, create_time) VALUES (:p, :e, :t)", p=plan,
+             e=json.dumps(body), t=datetime.now(UTC))
+    legacy = server.data_dir / "rollback-journal"
+    legacy.mkdir()
+    old, old_garbled = str(ULID()), str(ULID())
+    legacy_body = {**entry.to_record(), "plan_id": old, "version": 1}
+    del legacy_body["last_sequence"], legacy_body["written"]
+    (legacy / f"{old}.json").write_text(json.dumps(legacy_body))
+    (legacy / f"{old_garbled}.json").write_text(json.dumps({"version": 99}))
     report = fsck(server)
-    assert sorted(report.pending_rollbacks) == sorted([plan_id, other])
-    assert [p.subject for p in report.problems if p.kind == "unreadable_journal"] == [other]
+    assert sorted(report.pending_rollbacks) == sorted([plan_id, garbled, old, old_garbled])
+    unreadable = sorted(p.subject for p in report.problems if p.kind == "unreadable_journal")
+    assert unreadable == sorted([garbled, old_garbled])
 
 
 def test_a_torn_pack_tail_is_cut_off_and_loses_nothing_acknowledged(populated) -> None:

@@ -555,18 +555,18 @@ def test_parent_swapped_for_symlink_mid_rollback_is_undone(paused_server) -> Non
         assert error is not None, "a rollback through a swapped-in symlink must not report success"
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert error_info(error).reason == "ROLLBACK_CONFLICT" and "undone" in error.details()
-        assert tree_state(workspace) == before, "the undo must leave the workspace as it was before the rollback"
-        listed = stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id), timeout=30).checkpoints
-        safeties = [c for c in listed if c.trigger == pb.TRIGGER_ROLLBACK]
-        assert len(safeties) == 2, "the swapped-in state must be recorded before the undo replaces it"
-        undo_safety = max(safeties, key=lambda c: c.sequence)
-        assert undo_safety.description.startswith("before undoing")
-        stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=undo_safety.checkpoint_id), timeout=120)
-        assert os.readlink(workspace / "d") == str(outside)
+        # What the rollback had changed is taken back; the swap, made after its safety checkpoint,
+        # is left where its maker put it (never followed).
+        swapped = {**{p: v for p, v in before.items() if p != "d" and not p.startswith("d/")},
+                   "d": ("symlink", str(outside)), "d-real": before["d"],
+                   **{f"d-real/{p[2:]}": v for p, v in before.items() if p.startswith("d/")}}
+        assert tree_state(workspace) == swapped
+        stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=checkpoint.checkpoint_id), timeout=120)
+        assert not (workspace / "d").is_symlink() and (workspace / "d" / "x.txt").read_bytes() == b"checkpointed"
     assert fingerprint_tree(outside) == canary
 
 
-def test_file_swapped_for_symlink_mid_rollback_replaces_the_link(paused_server) -> None:
+def test_file_swapped_for_symlink_mid_rollback_is_left_and_the_rollback_refused(paused_server) -> None:
     server, handshake = paused_server
     outside = server.base / "outside"
     write(outside / "secret.txt", SECRET)
@@ -583,7 +583,11 @@ def test_file_swapped_for_symlink_mid_rollback_replaces_the_link(paused_server) 
                                 lambda: stub.Rollback(pb.RollbackRequest(plan_id=plan_id,
                                                                          checkpoint_id=checkpoint.checkpoint_id),
                                                       timeout=120))
-        assert "reply" in outcome, outcome
+        error = outcome.get("error")
+        assert error is not None, "a path swapped after the safety checkpoint must not be replaced"
+        assert error_info(error).reason == "ROLLBACK_CONFLICT" and error_info(error).metadata["path"] == "f.txt"
+        assert os.readlink(workspace / "f.txt") == str(outside / "secret.txt")
+        stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=checkpoint.checkpoint_id), timeout=120)
     assert not (workspace / "f.txt").is_symlink()
     assert (workspace / "f.txt").read_bytes() == b"checkpointed"
     assert fingerprint_tree(outside) == canary

@@ -5,8 +5,12 @@ the call in flight for as long as the test needs; the signal is a real SIGTERM."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +24,8 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.cli import install_signal_handlers
 from checkpointd.server import CheckpointdServer, ServerSettings
+from tests.conftest import SERVER_ARGS, RunningServer
+from tests.hardening.support import start_with_faults
 from tests.helpers import error_info, tree_state
 from tests.ops.conftest import wait_until
 
@@ -165,3 +171,130 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         return False
     return waited == 0
+
+
+@pytest.fixture
+def idle_server(short_tmp, suite_databases) -> Iterator[RunningServer]:
+    """A server process not started yet (the test arms its faults), on the suite's database."""
+    db_url = suite_databases.create() if suite_databases is not None else ""
+    server = RunningServer(Path(tempfile.mkdtemp(prefix="s-", dir=short_tmp)), db_url=db_url,
+                           extra_args=(*SERVER_ARGS, "--grace-seconds", "120"))
+    yield server
+    server.stop()
+    if suite_databases is not None:
+        suite_databases.drop(db_url)
+
+
+#: How long a server that stopped listening is watched for an exit before its response is let through.
+EXIT_WATCH_SECONDS = 3.0
+#: Enough changes, with names long enough, that the response (about 75 KB) outgrows the client's
+#: flow-control window many times over.
+FILES = 300
+
+
+class HeldProxy:
+    """A TCP proxy between a client and the server that can hold what the server sends: a client
+    on a slow link. While held, the server cannot finish sending a response larger than the
+    client's flow-control window."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.released = threading.Event()
+        self.released.set()
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self) -> None:
+        self.released.clear()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.release()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        try:
+            while True:
+                if from_server:
+                    self.released.wait()
+                data = source.recv(16384)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_rollback_in_flight_at_sigterm_gets_its_response_and_the_server_exits_zero(idle_server, tmp_path):
+    """A real server process: SIGTERM arrives while a rollback is between two workspace changes,
+    and its caller is on a slow link (a proxy holds what the server sends). The rollback finishes;
+    the drain waits until its response is delivered (it used to close the listeners as soon as
+    the handler returned, and the caller got UNAVAILABLE or CANCELLED for a rollback that was
+    done); then the server exits with status 0."""
+    handshake = tmp_path / "faults"
+    handshake.mkdir()
+    start_with_faults(idle_server, CHECKPOINTD_PAUSE_AT="restore.change:2", CHECKPOINTD_FAULT_DIR=str(handshake))
+    workspace = idle_server.new_workspace()
+    names = [f"{i:05}-{'a-long-name' * 20}.txt" for i in range(FILES)]
+    for name in names:
+        (workspace / name).write_text(f"original {name}")
+    plan_id = str(ULID())
+    proxy = HeldProxy(idle_server.port)
+    # A fixed, small flow-control window: the client grants no more than this until it reads.
+    channel = grpc.insecure_channel(proxy.address, options=[("grpc.http2.bdp_probe", 0),
+                                                            ("grpc.http2.lookahead_bytes", 16384)])
+    try:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        target = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                                       timeout=60).checkpoint
+        expected = tree_state(workspace)
+        for name in names:
+            (workspace / name).write_text(f"changed {name}")
+        in_flight = stub.Rollback.future(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id,
+                                                            scope=pb.ROLLBACK_SCOPE_FILES), timeout=120)
+        wait_until(lambda: (handshake / "paused.restore.change").exists() or in_flight.done(),
+                   "the rollback to pause")
+        assert not in_flight.done(), in_flight.exception()
+        proxy.hold()
+        process = idle_server.process
+        process.send_signal(signal.SIGTERM)
+        wait_until(lambda: _health(idle_server.tcp_target) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                   "health NOT_SERVING")
+        (handshake / "resume.restore.change").touch()
+        # The rollback's handler returns and the server stops listening (health no longer answers).
+        # A server that cancels the call then exits; one that waits for the response cannot (the
+        # proxy holds it): the response is let through once the server has exited, or has stayed up
+        # for a while after it stopped listening (how long only decides how surely the test catches
+        # a server that would cancel; a correct one passes either way).
+        wait_until(lambda: _health(idle_server.tcp_target) is None or process.poll() is not None,
+                   "the server to stop listening")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=EXIT_WATCH_SECONDS)
+        proxy.release()
+        reply = in_flight.result(timeout=120)
+        assert reply.safety_checkpoint.checkpoint_id and len(reply.changes) == FILES
+        assert tree_state(workspace) == expected
+        assert process.wait(timeout=60) == 0, idle_server.log()
+    finally:
+        channel.close()
+        proxy.close()

@@ -4,6 +4,7 @@ when the same plan is driven through different replicas at once."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from sqlalchemy.pool import NullPool
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
+from tests.hardening.support import start_with_faults
 from tests.helpers import end_other_sessions, error_info, tree_state
 
 pytestmark = pytest.mark.postgres
@@ -272,3 +274,64 @@ def test_content_already_stored_by_one_replica_costs_the_other_no_new_objects(tw
     (workspace / "f0.txt").write_text("changed")
     create(second)
     assert group.servers[0].object_count() == stored + 2
+
+
+@pytest.mark.parametrize("first_call", ["retry", "create"])
+def test_a_replica_killed_mid_rollback_never_replays_it_over_the_other_replicas_work(replicas, first_call):
+    """Replica A dies half-way through a rollback. Replica B takes the plan next — with the retry
+    of the same request_id, or with a new checkpoint — and finishes that rollback first: it never
+    acknowledges (or records) a half-applied one. Then B records new work. A, started again
+    later, finds nothing left to do: it never "finishes" its old rollback over B's work."""
+    first, second = replicas.start(2)
+    start_with_faults(first, CHECKPOINTD_CRASH_AT="restore.change:2")
+    second.start()
+    a, b = replicas.stub(first), replicas.stub(second)
+    workspace = replicas.workspace()
+    plan_id = _ulid()
+    names = [f"f{i}.txt" for i in range(5)]
+
+    def write_all(version: str) -> None:
+        for name in names:
+            (workspace / name).write_text(f"{version} of {name}")
+
+    def create(stub) -> pb.Checkpoint:
+        return stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                                     timeout=60).checkpoint
+
+    write_all("v1")
+    target = create(b)
+    checkpointed = tree_state(workspace)
+    write_all("v2")
+    before = tree_state(workspace)
+    request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id, request_id=str(uuid.uuid4()))
+    with pytest.raises(grpc.RpcError) as died:
+        a.Rollback(request, timeout=60)
+    assert died.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert first.process.wait(timeout=60) == -signal.SIGKILL
+    first.stop()
+    half = tree_state(workspace)
+    assert half not in (before, checkpointed), "the kill was to leave the rollback half-applied"
+
+    if first_call == "create":
+        taken = create(b)
+        assert taken.tree_digest == target.tree_digest, "a checkpoint recorded a half-applied rollback"
+    reply = b.Rollback(request, timeout=120)
+    assert tree_state(workspace) == checkpointed, "the retry was acknowledged over a half-applied rollback"
+    safety = reply.safety_checkpoint
+    assert safety.trigger == pb.TRIGGER_ROLLBACK and safety.rollback_target_checkpoint_id == target.checkpoint_id
+    assert b.Rollback(request, timeout=60).safety_checkpoint == safety, "a replay returns the first result"
+
+    write_all("v3")
+    (workspace / "new.txt").write_text("new work through B")
+    newest = create(b)
+    after = tree_state(workspace)
+
+    first.start()  # A, back much later, with no faults armed
+    assert tree_state(workspace) == after, "the restarted replica replayed its stale rollback"
+    again = create(a)
+    assert again.tree_digest == newest.tree_digest and again.sequence == newest.sequence + 1
+    listed = list_all(a, plan_id)
+    assert [c.sequence for c in listed] == list(range(len(listed), 0, -1))
+    # The safety checkpoint of the first attempt holds the workspace as it was before the rollback.
+    a.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=safety.checkpoint_id), timeout=120)
+    assert tree_state(workspace) == before

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import hashlib
 import json
 import logging
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import delete, func
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
 from ulid import ULID
@@ -44,17 +45,25 @@ from checkpointd.core.errors import (
 )
 from checkpointd.core.faults import Point, crash_point, may_stall
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
-from checkpointd.core.index import StatIndex
-from checkpointd.core.journal import Goal, JournalEntry, RollbackJournal, new_temp_tag
-from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, utcnow
-from checkpointd.core.restore import ApplyInterrupted, Restorer
+from checkpointd.core.index import Indexed, StatIndex
+from checkpointd.core.journal import (
+    LEGACY_DIRECTORY,
+    Goal,
+    JournalEntry,
+    RollbackJournal,
+    legacy_entries,
+    new_temp_tag,
+    remove_legacy_directory,
+)
+from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, RollbackJournalRow, utcnow
+from checkpointd.core.restore import ApplyInterrupted, Restorer, holds
 from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
 from checkpointd.core.tree import Change, Entry, EntryKind, Trees
 from checkpointd.core.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
 from checkpointd.core.watcher import Watcher
 from checkpointd.core.watcher import available as watcher_available
-from checkpointd.core.workspace import UnsafePath, Workspace, is_under, validate_relpath
+from checkpointd.core.workspace import Inaccessible, UnsafePath, Workspace, is_under, validate_relpath
 
 log = logging.getLogger("checkpointd.engine")
 
@@ -120,6 +129,7 @@ _WARM_UP_REQUEST_ID = "\x01checkpointd-warm-up"
 _PLANS = PlanRow.__table__
 _CHECKPOINTS = CheckpointRow.__table__
 _OPERATIONS = OperationRow.__table__
+_JOURNAL = RollbackJournalRow.__table__
 
 
 #: A checkpoint as the create and rollback paths write it: the ``checkpoints`` table's columns,
@@ -255,7 +265,7 @@ class Checkpoints:
         self._locks_guard = threading.Lock()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
         self._data_dir = os.path.realpath(settings.data_dir)
-        self.journal = RollbackJournal(Path(settings.data_dir) / "rollback-journal")
+        self.journal = RollbackJournal(db)
         self.recover_interrupted_rollbacks()
         self._warm_up()
 
@@ -264,6 +274,11 @@ class Checkpoints:
         client can use: SQLAlchemy compiles a statement the first time it runs it, which cost a
         process's first rollback about 8 ms. For a sidecar, the first rollback may be its only one."""
         plan_id, request_id = _WARM_UP_PLAN, _WARM_UP_REQUEST_ID
+        try:
+            self.journal.get(plan_id)
+            self.db.commit_unsynced(delete(_JOURNAL).where(_JOURNAL.c.plan_id == plan_id))
+        except SQLAlchemyError as exc:
+            log.warning("warming up the journal's statements failed (%s)", exc)
         with self.db.session() as session:
             try:
                 self._replayed(session, request_id, "Rollback", "")
@@ -277,6 +292,7 @@ class Checkpoints:
                 rows = CoreRows(session.connection())
                 self._write_checkpoints(rows, [_NewCheckpoint(record)])
                 rows.insert(_OPERATIONS, [_operation(request_id, "Rollback", "", {})])
+                self.journal.put(JournalEntry(plan_id, "", "", "", "", (), "", ()), session)
             except SQLAlchemyError as exc:
                 log.warning("warming up the database statements failed (%s); the first rollback will be slower", exc)
             finally:
@@ -520,6 +536,7 @@ class Checkpoints:
     def create(self, req: CreateRequest) -> Checkpoint:
         new = self._arguments(req)
         with self._plan_lock(new.plan_id), self.store.referencing():
+            self._take_over(new.plan_id)
             if new.request_id:
                 with self.db.session() as session:
                     op = self._replayed(session, new.request_id, "CreateCheckpoint", new.fingerprint)
@@ -615,7 +632,7 @@ class Checkpoints:
             return None
         new = self._arguments(req)
         plan = self._plans.get(new.plan_id)
-        if plan is None or plan.workspace_root is not None:
+        if plan is None or plan.workspace_root is not None or self.journal.may_have(new.plan_id):
             return None
         release_plan = self._try_plan_lock(new.plan_id)
         if release_plan is None:
@@ -734,8 +751,10 @@ class Checkpoints:
         """Diff against a capture that no checkpoint references: the GC fence is held until
         the diff has read every node of it, then its batch is dropped, so that nothing builds
         on a capture garbage collection would not keep (the previous capture stays the base,
-        and what changed since is captured again by the next checkpoint)."""
+        and what changed since is captured again by the next checkpoint). An unfinished rollback
+        of the plan is finished first."""
         with self._plan_lock(base.plan_id), self.store.referencing():
+            self._take_over(base.plan_id)
             batch = self.store.batch()
             try:
                 live_tree = self._capture(plan, batch)[0].tree
@@ -762,11 +781,12 @@ class Checkpoints:
     def rollback(self, req: RollbackRequest) -> RollbackResult:
         """Restores files and/or state to a checkpoint.
 
-        Order of durability: the journal entry, then the safety checkpoint and the request_id's
-        record (one transaction), then the workspace changes, then the entry goes. A process that
-        dies in between finishes the rollback when it starts again (recover_interrupted_rollbacks),
-        or drops the entry if the safety checkpoint never committed (then nothing had changed);
-        a rollback that fails part-way is undone before its error is returned.
+        Order of durability: the safety checkpoint, the request_id's record and the journal entry
+        (one transaction), then the workspace changes, then the entry goes. A rollback left
+        unfinished (its process died) is finished by whoever takes the plan next (``_take_over``),
+        before anything else is done with the plan, this request included; one that fails part-way
+        (a full disk, a write racing it) takes back what it had changed before its error is
+        returned.
         """
         plan_id = validation.plan_id(req.plan_id)
         checkpoint_id = validation.checkpoint_id(req.checkpoint_id)
@@ -775,73 +795,91 @@ class Checkpoints:
         request_id = validation.request_id(req.request_id)
         fingerprint = _fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value, paths=subset,
                                    dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest())
-        with self._plan_lock(plan_id), self.store.referencing(), self.db.session() as session:
-            op = self._replayed(session, request_id, "Rollback", fingerprint)
-            target = self._load(session, checkpoint_id)
-            if target.plan_id != plan_id:
-                raise FailedPrecondition(Reason.CHECKPOINT_PLAN_MISMATCH,
-                                         f"checkpoint {checkpoint_id} belongs to another plan",
-                                         checkpoint_id=checkpoint_id, plan_id=plan_id)
-            if op is not None:
-                return self._replay_rollback(session, op, target, req.scope)
-            plan = session.get(PlanRow, plan_id)
-            if req.scope.files and not target.tree_digest and (req.scope is Scope.FILES or plan.workspace_root):
-                raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {checkpoint_id} has no files to restore",
-                                         checkpoint_id=checkpoint_id)
-            restore_files = req.scope.files and target.tree_digest is not None
-            if restore_files and plan.workspace_root != target.workspace_root:
-                raise FailedPrecondition(Reason.WORKSPACE_ROOT_MISMATCH,
-                                         "the plan's workspace root changed since this checkpoint",
-                                         workspace_root=target.workspace_root or "",
-                                         plan_workspace_root=plan.workspace_root or "")
-            if not req.dry_run:
-                self._supersede_interrupted(plan_id)
-            changes: list[Change] = []
-            with self.store.batch() as batch:
-                capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
-                if capture is not None and restore_files:
-                    changes = self._plan_restore(plan.workspace_root, capture, target, subset, batch)
-                if req.dry_run:
-                    batch.abort()
-                    return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True)
-                state_digest, state_size = self._safety_state(session, plan_id, req.current_state, batch)
-            crash_point(Point.ROLLBACK_PLANNED)
-            safety = self._new_row(plan, capture, patterns, excluded, state_digest, state_size,
-                                   phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,
-                                   source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
-                                   labels={"rollback_target": checkpoint_id},
-                                   rollback_target_checkpoint_id=checkpoint_id)
-            self._write_checkpoints(CoreRows(session.connection()), [_NewCheckpoint(safety)])
-            winner = self._record_operation(session, request_id, "Rollback", fingerprint,
-                                            {"safety_checkpoint_id": safety.checkpoint_id,
-                                             "changes": [_change_json(c) for c in changes]})
-            if winner is not None:
-                return self._replay_rollback(session, winner, target, req.scope)
-            entry = None
-            if changes:
-                entry = JournalEntry(
-                    plan_id=plan_id, workspace_root=plan.workspace_root, target_checkpoint_id=checkpoint_id,
-                    safety_checkpoint_id=safety.checkpoint_id, safety_tree=safety.tree_digest, paths=subset,
-                    temp_tag=new_temp_tag(), directories=_written_directories(changes), request_id=request_id)
-                self.journal.write(entry)
-            try:
-                session.commit()
-            except BaseException:
-                self.journal.remove(plan_id)
-                raise
-            if capture is not None:
-                self.capturer.record(plan.workspace_root, capture.tree)
-            crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
-            if entry is not None:
-                self._apply_journaled(entry, changes)
-            return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety),
-                                  False)
+        with self._plan_lock(plan_id), self.store.referencing():
+            leftover = self._take_over(plan_id)
+            with self.db.session() as session:
+                return self._rollback_locked(session, req, plan_id, checkpoint_id, subset, request_id, fingerprint,
+                                             leftover)
+
+    def _rollback_locked(self, session: Session, req: RollbackRequest, plan_id: str, checkpoint_id: str,
+                         subset: tuple[str, ...], request_id: str, fingerprint: str,
+                         leftover: JournalEntry | None) -> RollbackResult:
+        op = self._replayed(session, request_id, "Rollback", fingerprint)
+        target = self._load(session, checkpoint_id)
+        if target.plan_id != plan_id:
+            raise FailedPrecondition(Reason.CHECKPOINT_PLAN_MISMATCH,
+                                     f"checkpoint {checkpoint_id} belongs to another plan",
+                                     checkpoint_id=checkpoint_id, plan_id=plan_id)
+        if op is not None:
+            return self._replay_rollback(session, op, target, req.scope)
+        plan = session.get(PlanRow, plan_id)
+        if req.scope.files and not target.tree_digest and (req.scope is Scope.FILES or plan.workspace_root):
+            raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {checkpoint_id} has no files to restore",
+                                     checkpoint_id=checkpoint_id)
+        restore_files = req.scope.files and target.tree_digest is not None
+        if restore_files and plan.workspace_root != target.workspace_root:
+            raise FailedPrecondition(Reason.WORKSPACE_ROOT_MISMATCH,
+                                     "the plan's workspace root changed since this checkpoint",
+                                     workspace_root=target.workspace_root or "",
+                                     plan_workspace_root=plan.workspace_root or "")
+        changes: list[Change] = []
+        with self.store.batch() as batch:
+            capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
+            if capture is not None and restore_files:
+                changes = self._plan_restore(plan.workspace_root, capture, target, subset, batch)
+            if req.dry_run:
+                batch.abort()
+                return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True)
+            state_digest, state_size = self._safety_state(session, plan_id, req.current_state, batch)
+        seen = self._seen(plan.workspace_root, changes)
+        crash_point(Point.ROLLBACK_PLANNED)
+        safety = self._new_row(plan, capture, patterns, excluded, state_digest, state_size,
+                               phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,
+                               source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
+                               labels={"rollback_target": checkpoint_id},
+                               rollback_target_checkpoint_id=checkpoint_id)
+        self._write_checkpoints(CoreRows(session.connection()), [_NewCheckpoint(safety)])
+        winner = self._record_operation(session, request_id, "Rollback", fingerprint,
+                                        {"safety_checkpoint_id": safety.checkpoint_id,
+                                         "changes": [_change_json(c) for c in changes]})
+        if winner is not None:
+            return self._replay_rollback(session, winner, target, req.scope)
+        entry = None
+        if changes:
+            entry = JournalEntry(
+                plan_id=plan_id, workspace_root=plan.workspace_root, target_checkpoint_id=checkpoint_id,
+                safety_checkpoint_id=safety.checkpoint_id, safety_tree=safety.tree_digest, paths=subset,
+                temp_tag=new_temp_tag(), directories=_written_directories(changes), request_id=request_id,
+                last_sequence=safety.sequence)
+            self.journal.put(entry, session)
+        elif leftover is not None:
+            # This rollback's safety checkpoint records the workspace as it is: it supersedes the entry.
+            self._drop(leftover, "a new rollback supersedes it", session)
+        session.commit()
+        if entry is not None:
+            self.journal.added(plan_id)
+        elif leftover is not None:
+            self.journal.forget(plan_id)
+        if capture is not None:
+            self.capturer.record(plan.workspace_root, capture.tree)
+        crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
+        if entry is not None:
+            self._apply_journaled(entry, changes, seen)
+        return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety), False)
 
     def _plan_restore(self, root: str, capture: CaptureResult, goal: CheckpointRow, subset: tuple[str, ...],
-                      batch: Batch) -> list[Change]:
-        """The changes that bring ``subset`` of the workspace to ``goal``; first adds to ``capture``
-        whatever they would replace that the capture left out (ignored or skipped now)."""
+                      batch: Batch, written: tuple[tuple[str, Entry | None], ...] | None = None) -> list[Change]:
+        """The changes that bring ``subset`` of the workspace to ``goal`` (with ``written``: only
+        at paths that still hold what a rollback wrote there); first adds to ``capture`` whatever
+        they would replace that the capture left out (ignored or skipped now)."""
         workspace = Workspace(root)
+        keep = None
+        if written is not None:
+            wrote = dict(written)
+
+            def keep(change: Change) -> bool:
+                return change.path in wrote and holds(change.base, wrote[change.path])
+
         try:
             uncaptured = self.restorer.find_uncaptured(workspace, capture.tree, goal.tree_digest, subset)
             if uncaptured:
@@ -851,78 +889,129 @@ class Checkpoints:
                 capture.total_size += sum(e.size for e in extra.values())
                 capture.skipped = [s for s in capture.skipped if s.path not in extra]
             return self.restorer.plan(workspace, capture.tree, goal.tree_digest, self._target_rules(goal),
-                                      {s[0] for s in goal.skipped}, subset)
+                                      {s[0] for s in goal.skipped}, subset, keep)
+        except Inaccessible as exc:
+            raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
+                                     f"cannot roll back: {exc.path!r} cannot be read ({exc.cause.strerror}); "
+                                     "nothing was changed", path=exc.path, errno=_errno_name(exc.cause)) from exc
         except (UnsafePath, FileNotFoundError, NotADirectoryError) as exc:
             raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
                                      f"the workspace changed while the rollback was being planned ({exc}); "
                                      "nothing was changed", path=str(exc)[:512]) from exc
 
-    def _apply_journaled(self, entry: JournalEntry, changes: list[Change]) -> None:
-        """Applies ``changes`` (their journal entry is durable); on failure undoes them and raises."""
+    def _seen(self, root: str | None, changes: list[Change]) -> dict[str, Indexed]:
+        """What the capture that planned ``changes`` saw of each file they replace or remove: the
+        stat index's entry, when it is the one the capture used (same digest)."""
+        if not root or not changes:
+            return {}
+        index = self.snapshotter.index.for_root(root)
+        seen = {}
+        for change in changes:
+            base = change.base
+            if base is not None and base.kind is EntryKind.FILE:
+                known = index.get(change.path)
+                if known is not None and known.digest == base.digest and known.size == base.size:
+                    seen[change.path] = known
+        return seen
+
+    def _apply_journaled(self, entry: JournalEntry, changes: list[Change], seen: dict[str, Indexed]) -> None:
+        """Applies ``changes`` (their journal entry is committed); on failure undoes them and raises."""
         try:
-            self.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes)
+            self.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes, seen)
         except ApplyInterrupted as interrupted:
             raise self._undo_interrupted(entry, interrupted) from interrupted
         crash_point(Point.ROLLBACK_APPLIED)
         self.journal.remove(entry.plan_id)
 
     def _undo_interrupted(self, entry: JournalEntry, interrupted: ApplyInterrupted) -> CheckpointdError:
-        """Takes back a rollback that stopped part-way; returns the error to report."""
+        """Takes back what a rollback that stopped part-way had written; returns the error to report."""
         log.warning("rollback of plan %s to %s stopped at %r (%s); undoing it", entry.plan_id,
                     entry.target_checkpoint_id, interrupted.path, interrupted.why)
         self._forget_operation(entry.request_id)
-        undo = replace(entry, goal=Goal.UNDO)
-        self.journal.write(undo)
+        undo = replace(entry, goal=Goal.UNDO, written=tuple(interrupted.written))
         where = f"rollback to {entry.target_checkpoint_id} stopped at {interrupted.path!r} ({interrupted.why})"
         try:
+            self.journal.put(undo)
             self._resume(undo)
-        except (CheckpointdError, ApplyInterrupted, OSError) as undo_failure:
+        except (CheckpointdError, ApplyInterrupted, OSError, SQLAlchemyError) as undo_failure:
             log.error("undoing the interrupted rollback of plan %s failed (%s); safety checkpoint %s holds the "
-                      "workspace as it was; the undo is retried when the server starts", entry.plan_id,
+                      "workspace as it was; the undo is tried again before the plan is next used", entry.plan_id,
                       undo_failure, entry.safety_checkpoint_id)
             return FailedPrecondition(
                 Reason.ROLLBACK_CONFLICT,
                 f"{where} and undoing it failed too ({undo_failure}): the workspace is partly restored; safety "
-                f"checkpoint {entry.safety_checkpoint_id} holds it as it was before, and the undo is retried "
-                "when the server restarts", path=interrupted.path, safety_checkpoint_id=entry.safety_checkpoint_id)
+                f"checkpoint {entry.safety_checkpoint_id} holds it as it was before, and the undo is tried again "
+                "before the plan is next used", path=interrupted.path,
+                safety_checkpoint_id=entry.safety_checkpoint_id)
         cause = interrupted.cause
+        if interrupted.raced:
+            return FailedPrecondition(
+                Reason.ROLLBACK_CONFLICT,
+                f"{where}: it changed after the rollback's safety checkpoint was taken, so the rollback stopped "
+                "there and took back what it had changed; the new content was left in place",
+                path=interrupted.path)
         if interrupted.disk_full:
             return ResourceExhausted(Reason.STORAGE_EXHAUSTED,
                                      f"{where}: the workspace's disk is full; the rollback was undone",
                                      path=interrupted.path)
         if isinstance(cause, DataLoss):
             return DataLoss(cause.reason, f"{where}; the rollback was undone", **cause.metadata)
+        metadata = {"errno": _errno_name(cause)} if isinstance(cause, OSError) else {}
         return FailedPrecondition(Reason.ROLLBACK_CONFLICT, f"{where}; the rollback was undone, nothing was changed",
-                                  path=interrupted.path)
+                                  path=interrupted.path, **metadata)
+
+    def _take_over(self, plan_id: str) -> JournalEntry | None:
+        """Finishes (or undoes) the plan's unfinished rollback before anything else is done with the
+        plan: one this process gave up on, or one a process (another replica's) left when it died.
+        Called with the plan's lock and the store's fence held. Returns the entry if it is still
+        unfinished (it could not be finished now: the next taker tries again)."""
+        if not self.journal.may_have(plan_id):
+            return None
+        entry = self.journal.get(plan_id)
+        if entry is None:
+            return None
+        log.warning("finishing the unfinished rollback of plan %s (goal: %s checkpoint %s)", plan_id,
+                    entry.goal.value, entry.goal_checkpoint_id)
+        try:
+            self._resume(entry)
+        except (CheckpointdError, ApplyInterrupted, OSError, SQLAlchemyError) as exc:
+            log.error("could not finish the unfinished rollback of plan %s (%s); safety checkpoint %s holds the "
+                      "workspace as it was before it; tried again when the plan is next used", plan_id, exc,
+                      entry.safety_checkpoint_id)
+            self._forget_operation(entry.request_id)
+            return entry
+        return None
 
     def _resume(self, entry: JournalEntry) -> None:
-        """Brings the paths an interrupted rollback covers to its goal (the target, or for an undo
-        the safety checkpoint), then drops its journal entry. If the workspace is no longer what
-        the journaled safety checkpoint holds (the rollback got part-way, or someone wrote since),
-        it is recorded as a new safety checkpoint first. Called with the plan's lock and the store's
+        """Brings the paths an unfinished rollback covers to its goal (the target; for an undo, the
+        safety checkpoint, at the paths that still hold what the rollback wrote), then drops its
+        entry. If the workspace is no longer what the safety checkpoint holds (the rollback got
+        part-way, or someone wrote since), it is recorded as a new safety checkpoint first. An
+        entry whose plan moved on is dropped unapplied. Called with the plan's lock and the store's
         ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
         workspace = Workspace(entry.workspace_root, entry.temp_tag)
         for directory in entry.directories:
             workspace.remove_temp_files(directory, entry.temp_tag)
         with self.db.session() as session:
-            if session.get(CheckpointRow, entry.safety_checkpoint_id) is None:
-                log.info("the rollback of plan %s to %s stopped before its safety checkpoint committed; nothing "
-                         "had changed", entry.plan_id, entry.target_checkpoint_id)
-                self.journal.remove(entry.plan_id)
-                return
             plan = session.get(PlanRow, entry.plan_id)
             goal = session.get(CheckpointRow, entry.goal_checkpoint_id)
-            if plan is None or goal is None or not goal.tree_digest or plan.workspace_root != entry.workspace_root:
-                log.warning("dropping the rollback journal of plan %s: checkpoint %s or the workspace is gone",
-                            entry.plan_id, entry.goal_checkpoint_id)
-                self.journal.remove(entry.plan_id)
+            if plan is None or plan.workspace_root != entry.workspace_root:
+                self._drop(entry, "its plan or the plan's workspace is gone")
+                return
+            if plan.last_sequence > entry.last_sequence:
+                self._drop(entry, f"the plan moved on (checkpoint {plan.last_sequence} is newer than "
+                                  f"{entry.last_sequence}, the last this rollback recorded)")
+                return
+            if goal is None or not goal.tree_digest:
+                self._drop(entry, f"checkpoint {entry.goal_checkpoint_id} is gone")
                 return
             with self.store.batch() as batch:
                 capture, patterns, excluded = self._capture(plan, batch)
-                changes = self._plan_restore(plan.workspace_root, capture, goal, entry.paths, batch)
+                changes = self._plan_restore(plan.workspace_root, capture, goal, entry.paths, batch, entry.written)
                 record = bool(changes) and capture.tree != entry.safety_tree
                 state_digest, state_size = (self._safety_state(session, entry.plan_id, b"", batch) if record
                                             else (None, 0))
+            seen = self._seen(plan.workspace_root, changes)
             if record:
                 verb = "finishing" if entry.goal is Goal.COMPLETE else "undoing"
                 safety = self._new_row(plan, capture, patterns, excluded, state_digest, state_size,
@@ -933,33 +1022,27 @@ class Checkpoints:
                                        labels={"rollback_target": goal.checkpoint_id},
                                        rollback_target_checkpoint_id=goal.checkpoint_id)
                 self._write_checkpoints(CoreRows(session.connection()), [_NewCheckpoint(safety)])
+                self.journal.put(replace(entry, last_sequence=safety.sequence), session)
                 session.commit()
                 self.capturer.record(plan.workspace_root, capture.tree)
             if changes:
-                self.restorer.apply(workspace, changes)
+                self.restorer.apply(workspace, changes, seen)
         crash_point(Point.ROLLBACK_APPLIED)
         self.journal.remove(entry.plan_id)
 
-    def _supersede_interrupted(self, plan_id: str) -> None:
-        """A new rollback takes over from one left unfinished: its own safety checkpoint records
-        the workspace as it is, so the old entry is dropped (with its temporary files)."""
-        entry = self._journal_entry(plan_id)
-        if entry is None:
+    def _drop(self, entry: JournalEntry, why: str, session: Session | None = None) -> None:
+        """Drops an entry without applying it (its temporary files are gone already). A rollback
+        not finished must not be replayed as done: its request_id's record goes too."""
+        log.warning("dropping the unfinished rollback of plan %s to %s: %s", entry.plan_id,
+                    entry.target_checkpoint_id, why)
+        if session is not None:
+            session.connection().execute(delete(_JOURNAL).where(_JOURNAL.c.plan_id == entry.plan_id))
+            if entry.request_id:
+                session.connection().execute(delete(_OPERATIONS).where(
+                    _OPERATIONS.c.request_id == entry.request_id, _OPERATIONS.c.method == "Rollback"))
             return
-        log.warning("a new rollback of plan %s supersedes the unfinished rollback to %s (safety checkpoint %s)",
-                    plan_id, entry.target_checkpoint_id, entry.safety_checkpoint_id)
-        workspace = Workspace(entry.workspace_root)
-        for directory in entry.directories:
-            workspace.remove_temp_files(directory, entry.temp_tag)
-        self.journal.remove(plan_id)
-
-    def _journal_entry(self, plan_id: str) -> JournalEntry | None:
-        try:
-            return self.journal.get(plan_id)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("the rollback journal of plan %s is unreadable (%s); dropping it", plan_id, exc)
-            self.journal.remove(plan_id)
-            return None
+        self._forget_operation(entry.request_id)
+        self.journal.remove(entry.plan_id)
 
     def _forget_operation(self, request_id: str) -> None:
         """A rollback that did not happen must not be replayed as done."""
@@ -972,25 +1055,44 @@ class Checkpoints:
                 session.commit()
 
     def recover_interrupted_rollbacks(self) -> list[str]:
-        """Finishes (or undoes) the rollbacks a previous process left part-way. Runs before the
-        server serves. Returns the plans it could not finish: their journal stays for the next start."""
+        """Finishes (or undoes) the rollbacks left unfinished (by this server's previous process, or,
+        on PostgreSQL, by a replica that died), after importing the journal files a server before the
+        database journal left. Runs before the server serves. Returns the plans it could not finish:
+        they are tried again when next used."""
+        self._import_legacy_journal(Path(self.settings.data_dir) / LEGACY_DIRECTORY)
         stuck = []
         for plan_id in self.journal.plan_ids():
             with self._plan_lock(plan_id), self.store.referencing():
-                entry = self._journal_entry(plan_id)
-                if entry is None:
-                    continue
-                log.warning("finishing the interrupted rollback of plan %s (goal: %s checkpoint %s)", plan_id,
-                            entry.goal.value, entry.goal_checkpoint_id)
-                try:
-                    self._resume(entry)
-                except (CheckpointdError, ApplyInterrupted, OSError) as exc:
-                    log.error("could not finish the interrupted rollback of plan %s (%s); safety checkpoint %s "
-                              "holds the workspace as it was before it; retried at the next start", plan_id, exc,
-                              entry.safety_checkpoint_id)
-                    self._forget_operation(entry.request_id)
+                if self._take_over(plan_id) is not None:
                     stuck.append(plan_id)
         return stuck
+
+    def _import_legacy_journal(self, directory: Path) -> None:
+        """Moves the journal files of a server before the database journal into the database."""
+        for path, entry in legacy_entries(directory):
+            if isinstance(entry, Exception):
+                log.error("the rollback journal file %s is unreadable (%s); dropping it", path, entry)
+                path.unlink(missing_ok=True)
+                continue
+            with self._plan_lock(entry.plan_id), self.db.session() as session:
+                safety = session.get(CheckpointRow, entry.safety_checkpoint_id)
+                if safety is None:
+                    # Its server wrote the file before the safety checkpoint: nothing had changed.
+                    workspace = Workspace(entry.workspace_root)
+                    for directory_path in entry.directories:
+                        with contextlib.suppress(CheckpointdError, OSError):
+                            workspace.remove_temp_files(directory_path, entry.temp_tag)
+                    log.info("the rollback of plan %s to %s stopped before its safety checkpoint committed; "
+                             "nothing had changed", entry.plan_id, entry.target_checkpoint_id)
+                elif self.journal.may_have(entry.plan_id) and self.journal.get(entry.plan_id) is not None:
+                    log.warning("dropping the old journal file of plan %s: the database has a newer entry",
+                                entry.plan_id)
+                else:
+                    self.journal.put(replace(entry, last_sequence=safety.sequence), session)
+                    session.commit()
+                    self.journal.added(entry.plan_id)
+            path.unlink(missing_ok=True)
+        remove_legacy_directory(directory)
 
     def _safety_state(self, session: Session, plan_id: str, current: bytes, batch: Batch) -> tuple[str | None, int]:
         if current:
@@ -1011,6 +1113,11 @@ class Checkpoints:
         changes = [_change_from_json(c) for c in op.result["changes"]]
         return RollbackResult(changes, self._state(target) if scope.state else b"",
                               Checkpoint(safety) if safety else None, False)
+
+
+def _errno_name(error: BaseException) -> str:
+    number = getattr(error, "errno", None)
+    return errno.errorcode.get(number, str(number)) if number is not None else ""
 
 
 def _written_directories(changes: list[Change]) -> tuple[str, ...]:

@@ -252,6 +252,30 @@ class Database:
 
         return PostgresRows(self.engine)
 
+    def commit_unsynced(self, statement: Executable) -> None:
+        """Runs one write statement in a transaction of its own whose commit does not wait for the
+        disk. A process killed after it keeps it (SQLite's log and PostgreSQL's are written before
+        this returns); a power cut may take it back, with every later commit up to the next synced
+        one, which makes it durable (the log is one sequence). For writes whose loss is harmless."""
+        with self.engine.connect() as connection:
+            if self.is_sqlite:
+                # A pragma of this connection only (WAL mode: the commit appends to the log, unsynced).
+                connection.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                try:
+                    connection.execute(statement)
+                    connection.commit()
+                finally:
+                    try:
+                        connection.exec_driver_sql("PRAGMA synchronous=FULL")
+                    except BaseException:
+                        # A pooled connection must never commit unsynced by mistake.
+                        connection.invalidate()
+                        raise
+            else:
+                connection.execute(text("SET LOCAL synchronous_commit TO OFF"))
+                connection.execute(statement)
+                connection.commit()
+
     def group_commit(self, write: Callable[[RowWriter, list[U]], None]) -> GroupCommit[U]:
         """A queue whose items are written by ``write`` in transactions shared by concurrent callers."""
         return GroupCommit(self._row_transaction, write)

@@ -40,15 +40,13 @@ class Point(enum.StrEnum):
     WORKSPACE_READ = "workspace.read"
     #: Rollback: the changes are planned and the safety checkpoint's objects are durable; no row yet.
     ROLLBACK_PLANNED = "rollback.planned"
-    #: Rollback: the journal entry is durable; the safety checkpoint is not committed yet.
-    ROLLBACK_JOURNALED = "rollback.journaled"
-    #: Rollback: the safety checkpoint is committed (its journal entry is durable); no workspace change yet.
+    #: Rollback: the safety checkpoint and its journal entry are committed; no workspace change yet.
     ROLLBACK_SAFETY_COMMITTED = "rollback.safety_committed"
     #: Rollback (or its recovery): one workspace path is about to be removed, created or replaced.
     RESTORE_CHANGE = "restore.change"
     #: A restored file's content is written to its temporary name, not yet renamed into place.
     WORKSPACE_WRITE = "workspace.write"
-    #: Rollback: every change is applied; the journal is not removed yet.
+    #: Rollback: every change is applied; the journal entry is not deleted yet.
     ROLLBACK_APPLIED = "rollback.applied"
     #: Garbage collection: the candidates (objects no checkpoint referenced) are listed; nothing
     #: is deleted yet, and checkpoints, diffs and rollbacks go on meanwhile.

@@ -6,7 +6,8 @@ restored; its fields are in the closed vocabularies; its plan exists and its seq
 unique and not past the plan's counter. Every object is read back and hashed once, however
 many checkpoints share it. With ``full`` it also reads every other object in the store
 (those no checkpoint references, which garbage collection would delete). Rollbacks left
-unfinished (journal entries) are listed: the server finishes them when it starts.
+unfinished (entries of the rollback journal in the database, and files an older server left)
+are listed: a server finishes each before that plan is next used, and all of them when it starts.
 
 ``check`` runs inside a server on its live store (holding the GC fence, so nothing is
 collected under it). ``check_data_dir`` opens a stopped server's data directory itself;
@@ -27,14 +28,14 @@ from sqlmodel import select
 
 from checkpointd.core.db import Database
 from checkpointd.core.errors import CheckpointdError
-from checkpointd.core.journal import JOURNAL_SUFFIX, JournalEntry
-from checkpointd.core.models import CheckpointRow, PlanRow
+from checkpointd.core.journal import LEGACY_DIRECTORY, JournalEntry, legacy_entries
+from checkpointd.core.models import CheckpointRow, PlanRow, RollbackJournalRow
 from checkpointd.core.store import digest_bytes
 from checkpointd.core.tree import EMPTY_TREE, EntryKind, decode_node
 from checkpointd.core.vocabulary import Phase, Trigger
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-JOURNAL_DIRECTORY = "rollback-journal"
+JOURNAL_DIRECTORY = LEGACY_DIRECTORY
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,7 @@ def check(db: Database, store, journal_directory: Path | None = None, full: bool
         with db.session() as session:
             plans = {p.plan_id: p for p in session.exec(select(PlanRow)).all()}
             rows = list(session.exec(select(CheckpointRow)).all())
+            journal = list(session.exec(select(RollbackJournalRow)).all())
         report.plans = len(plans)
         report.checkpoints = len(rows)
         sequences: dict[tuple[str, int], str] = {}
@@ -216,15 +218,17 @@ def check(db: Database, store, journal_directory: Path | None = None, full: bool
             report.unreferenced_objects += 1
             if full:
                 verifier.verify(digest)
+    for row in journal:
+        try:
+            JournalEntry.from_record(row.entry)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            report.problems.append(Problem("unreadable_journal", row.plan_id, str(exc)))
+        report.pending_rollbacks.append(row.plan_id)
     if journal_directory is not None:
-        for path in sorted(journal_directory.glob(f"*{JOURNAL_SUFFIX}")):
-            plan_id = path.name.removesuffix(JOURNAL_SUFFIX)
-            try:
-                JournalEntry.from_json(path.read_bytes())
-            except FileNotFoundError:
-                continue
-            except (ValueError, KeyError, TypeError) as exc:
-                report.problems.append(Problem("unreadable_journal", plan_id, str(exc)))
+        for path, entry in legacy_entries(journal_directory):
+            plan_id = path.name.removesuffix(path.suffix)
+            if isinstance(entry, Exception):
+                report.problems.append(Problem("unreadable_journal", plan_id, str(entry)))
             report.pending_rollbacks.append(plan_id)
     return report
 

@@ -29,7 +29,7 @@ from checkpointd.core.readers import Readers, TooLarge, chunks
 from checkpointd.core.readworker import COMPRESS_LIMIT
 from checkpointd.core.store import Batch, ContentStore, digest_bytes
 from checkpointd.core.tree import Entry, EntryKind, Trees
-from checkpointd.core.workspace import UnsafePath, Workspace, is_temp_name
+from checkpointd.core.workspace import Inaccessible, UnsafePath, Workspace, is_temp_name
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -256,6 +256,10 @@ class Snapshotter:
                     st = de.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+                except PermissionError:
+                    # A directory the server may list but not enter (mode r without x).
+                    tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
+                    continue
                 # An entry can change type between its stat and what is done with it: it is looked
                 # at again, a few times, then reported as skipped.
                 for _attempt in range(ENTRY_ATTEMPTS):
@@ -431,22 +435,25 @@ class Snapshotter:
         out: dict[str, Entry] = {}
         for path in paths:
             parent, _, name = path.rpartition("/")
-            with workspace.dir_fd(parent) as dfd:
-                for _attempt in range(ENTRY_ATTEMPTS):
-                    st = _restat(dfd, name)
-                    if st is None:
+            try:
+                with workspace.dir_fd(parent) as dfd:
+                    for _attempt in range(ENTRY_ATTEMPTS):
+                        st = _restat(dfd, name)
+                        if st is None:
+                            break
+                        try:
+                            entry = _entry_at(dfd, name, st, batch)
+                        except OSError as exc:
+                            if exc.errno in FLIPPED:
+                                continue
+                            raise
+                        if entry is not None:
+                            out[path] = entry
                         break
-                    try:
-                        entry = _entry_at(dfd, name, st, batch)
-                    except OSError as exc:
-                        if exc.errno in FLIPPED:
-                            continue
-                        raise
-                    if entry is not None:
-                        out[path] = entry
-                    break
-                else:
-                    raise UnsafePath(path)
+                    else:
+                        raise UnsafePath(path)
+            except PermissionError as exc:
+                raise Inaccessible(path, exc) from exc
         return out
 
 

@@ -7,6 +7,11 @@ or by a directory swapped in mid-operation, whether inside the workspace or abov
 are replaced atomically (temporary name in the same directory, fsync, rename); the rename
 replaces a symlink itself, never what it points to, and never writes into a hard-linked
 inode.
+
+Every call that replaces or removes a path takes a ``check``: called with the parent
+directory's fd and the name just before the rename, unlink, rmdir or mkdir, it raises if the
+path is no longer what the caller expects (see ``restore``). A temporary file is written and
+synced before its check, so the check-to-rename window is one ``lstat`` and one ``rename``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from checkpointd.core.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.faults import Point, crash_point
@@ -32,8 +37,26 @@ _TEMP_NAME = re.compile(r"\.checkpointd-tmp-(?:[0-9a-f]{32}-)?[0-9a-f]{32}\Z")
 _SWAPPED = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
 
 
+#: Called with (parent directory fd, name) just before a path is replaced or removed; raises to stop.
+Check = Callable[[int, str], None]
+
+
 class UnsafePath(Exception):
     """A path component is a symlink or not a directory where one was needed."""
+
+
+class Inaccessible(Exception):
+    """The server may not read or enter a workspace path (EACCES or EPERM: its permission bits,
+    an immutable file, a read-only or root-squashed mount)."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(f"{path!r}: {cause.strerror or cause}")
+        self.path = path
+        self.cause = cause
+
+
+def _no_check(_dir_fd: int, _name: str) -> None:
+    return None
 
 
 def validate_relpath(path: str, field: str = "paths") -> str:
@@ -131,6 +154,8 @@ class Workspace:
                 return os.lstat(name, dir_fd=fd)
         except (FileNotFoundError, UnsafePath, NotADirectoryError):
             return None
+        except PermissionError as exc:
+            raise Inaccessible(path, exc) from exc
 
     def read_small(self, path: str, limit: int = 1 << 20) -> bytes | None:
         """A regular file's content (None when absent, not regular, or larger than limit)."""
@@ -153,11 +178,14 @@ class Workspace:
                 return os.listdir(fd)
         except (FileNotFoundError, NotADirectoryError, UnsafePath):
             return []
+        except PermissionError as exc:
+            raise Inaccessible(path, exc) from exc
 
-    def make_dir(self, path: str, mode: int) -> None:
+    def make_dir(self, path: str, mode: int, check: Check = _no_check) -> None:
         """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode."""
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as fd:
+            check(fd, name)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
             try:
@@ -175,7 +203,7 @@ class Workspace:
         with self.dir_fd(path) as fd:
             os.fchmod(fd, mode)
 
-    def write_file(self, path: str, chunks: Iterable[bytes], mode: int) -> None:
+    def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check) -> None:
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as dfd:
             temp = self._temp_name()
@@ -189,19 +217,19 @@ class Workspace:
                     os.fchmod(out.fileno(), mode)
                     os.fsync(out.fileno())
                 crash_point(Point.WORKSPACE_WRITE)
-                self._replace(temp, name, dfd)
+                self._replace(temp, name, dfd, check)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp, dir_fd=dfd)
                 raise
 
-    def write_symlink(self, path: str, target: str) -> None:
+    def write_symlink(self, path: str, target: str, check: Check = _no_check) -> None:
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as dfd:
             temp = self._temp_name()
             os.symlink(target, temp, dir_fd=dfd)
             try:
-                self._replace(temp, name, dfd)
+                self._replace(temp, name, dfd, check)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp, dir_fd=dfd)
@@ -212,11 +240,12 @@ class Workspace:
         return f"{TEMP_PREFIX}{tag}{uuid.uuid4().hex}"
 
     @staticmethod
-    def _replace(temp: str, name: str, dfd: int) -> None:
+    def _replace(temp: str, name: str, dfd: int, check: Check) -> None:
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(name, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
                 raise UnsafePath(name)
+        check(dfd, name)
         try:
             os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as exc:
@@ -240,17 +269,20 @@ class Workspace:
             return removed
         return removed
 
-    def remove(self, path: str) -> None:
+    def remove(self, path: str, check: Check = _no_check) -> None:
         """Removes a file or symlink (never a directory)."""
         parent, _, name = path.rpartition("/")
-        with self.dir_fd(parent) as fd, contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=fd)
+        with self.dir_fd(parent) as fd:
+            check(fd, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
 
-    def remove_empty_dir(self, path: str) -> bool:
+    def remove_empty_dir(self, path: str, check: Check = _no_check) -> bool:
         """Removes a directory only if it is empty; True when it is gone."""
         parent, _, name = path.rpartition("/")
         try:
             with self.dir_fd(parent) as fd:
+                check(fd, name)
                 os.rmdir(name, dir_fd=fd)
         except FileNotFoundError:
             return True
