@@ -751,11 +751,11 @@ class Checkpoints:
         return tuple(validate_relpath(p.rstrip("/") if p != "/" else p) for p in paths)
 
     def _target_rules(self, row: CheckpointRow) -> IgnoreRules:
-        def load(directory: str) -> str | None:
+        def load(directory: str) -> bytes | None:
             entry = self.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
             if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
                 return None
-            return self.store.read_bytes(entry.digest).decode("utf-8", "replace")
+            return self.store.read_bytes(entry.digest)
 
         return IgnoreRules(row.ignore_patterns, load, row.excluded_paths)
 
