@@ -198,6 +198,7 @@ def test_matches_git_check_ignore(repository, workspace):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @_settings(3000)
 @given(workspace=_workspaces())
 def test_matches_git_check_ignore_long(repository, workspace):
