@@ -16,7 +16,6 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.hardening.liveness import Probes
-from tests.helpers import error_info
 
 LINE = "*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b"
 NAME = "a" * 240
@@ -77,6 +76,6 @@ def test_a_pathological_gitignore_stalls_nothing_and_sigterm_stops_the_server(fr
         assert time.monotonic() - started < 20
         try:
             assert running.result(timeout=5).checkpoint.file_count == FILES + 1
-        except grpc.RpcError as error:  # refused because it arrived after the drain began
-            assert error.code() == grpc.StatusCode.UNAVAILABLE and error_info(error).reason == "SHUTTING_DOWN"
+        except grpc.RpcError as error:  # it arrived after the drain began, or after the listeners closed
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, (error.code(), error.details())
     server.process = None
