@@ -62,6 +62,19 @@ def test_fast_path_agrees_with_asking_each_pattern():
                 files, configured, path, is_dir)
 
 
+def test_each_pattern_alone_agrees_with_asking_it():
+    """A file of one kind of pattern takes the quick test's shortest way."""
+    paths = ["/".join(p) for p in ((a,) for a in NAMES)] + [f"{a}/{b}" for a in NAMES[:8] for b in NAMES]
+    for pattern in PATTERNS:
+        for where in ("", "a"):
+            files = {where: pattern}
+            rules = IgnoreRules([], files.get)
+            for path in paths:
+                for is_dir in (False, True):
+                    assert rules.ignores_path(path, is_dir) == reference(files, [], path, is_dir), (
+                        pattern, where, path, is_dir)
+
+
 def test_forgetting_a_directory_reloads_its_rules_for_entries_below():
     files = {"": "", "a": "*.tmp\n"}
     rules = IgnoreRules([], files.get)
