@@ -64,8 +64,8 @@ def test_waiters_past_the_limit_are_refused_plan_busy():
 
         waiting = [asyncio.create_task(locks.run(in_thread, work, locks, "p", [], i, plan_id="p")) for i in range(2)]
         await asyncio.sleep(0)
-        with pytest.raises(Unavailable) as refused:
-            await locks.run(in_thread, work, locks, "p", [], 3, plan_id="p")
+        with pytest.raises(Unavailable) as refused:  # at once: a call let wait would time out
+            await asyncio.wait_for(locks.run(in_thread, work, locks, "p", [], 3, plan_id="p"), 5)
         assert refused.value.reason is Reason.PLAN_BUSY and refused.value.metadata["plan_id"] == "p"
         release()
         return await asyncio.wait_for(asyncio.gather(*waiting), 10)
