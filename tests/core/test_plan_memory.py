@@ -72,10 +72,10 @@ def test_a_plan_lock_is_dropped_with_its_last_user_and_still_serializes(engine):
         waiter = pool.submit(checkpoints.create, CreateRequest(plan_id=plan_id, state=b"s"))
         with pytest.raises(futures.TimeoutError):
             waiter.result(timeout=0.3)
-        assert set(checkpoints._locks) == {plan_id}
+        assert set(checkpoints.plan_locks._entries) == {plan_id}
         release.set()
         holder.result(10)
         assert waiter.result(10).row.sequence == 1
     for _ in range(3):
         checkpoints.create(CreateRequest(plan_id=str(ULID()), state=b"s"))
-    assert checkpoints._locks == {}
+    assert checkpoints.plan_locks._entries == {}

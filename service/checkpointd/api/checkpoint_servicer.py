@@ -63,19 +63,32 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
 
 class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
-    create is served on the event loop, see ``Checkpoints.create_async``); every other method is
-    a plain function, which the server runs in ``executor``."""
+    create is served on the event loop, see ``Checkpoints.create_async``). The other methods that
+    take a plan's lock run in ``executor`` without waiting there for a busy plan (``PlanLocks.run``);
+    Get and List are plain functions, which the server runs in ``executor``."""
 
     def __init__(self, checkpoints: Checkpoints, executor: Executor) -> None:
         super().__init__(checkpoints)
         self.executor = executor
 
-    def _run_blocking(self, function: Callable[..., T], *arguments: object) -> Awaitable[T]:
+    def _in_thread(self, function: Callable[..., T], *arguments: object) -> Awaitable[T]:
         return asyncio.get_running_loop().run_in_executor(self.executor, function, *arguments)
 
+    def _for_plan(self, function: Callable[..., T], *arguments: object, plan_id: str = "") -> Awaitable[T]:
+        return self.checkpoints.plan_locks.run(self._in_thread, function, *arguments, plan_id=plan_id)
+
     async def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.aio.ServicerContext):
-        created = await self.checkpoints.create_async(_create_request(request), self._run_blocking)
+        created = await self.checkpoints.create_async(_create_request(request), self._in_thread)
         return pb.CreateCheckpointResponse(checkpoint=convert.checkpoint(created))
+
+    async def DeleteCheckpoint(self, request: pb.DeleteCheckpointRequest, context: grpc.aio.ServicerContext):
+        return await self._for_plan(super().DeleteCheckpoint, request, context)
+
+    async def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.aio.ServicerContext):
+        return await self._for_plan(super().DiffCheckpoints, request, context)
+
+    async def Rollback(self, request: pb.RollbackRequest, context: grpc.aio.ServicerContext):
+        return await self._for_plan(super().Rollback, request, context, plan_id=request.plan_id)
 
 
 def _create_request(request: pb.CreateCheckpointRequest) -> CreateRequest:

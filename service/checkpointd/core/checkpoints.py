@@ -56,6 +56,7 @@ from checkpointd.core.journal import (
     remove_legacy_directory,
 )
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, RollbackJournalRow, utcnow
+from checkpointd.core.planlocks import PlanLocks
 from checkpointd.core.restore import ApplyInterrupted, Restorer, holds
 from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
@@ -190,14 +191,6 @@ async def _committed(commit: Future[None]) -> None:
     commit.result()
 
 
-@dataclass(slots=True)
-class _PlanLock:
-    """A plan's in-process lock and how many operations hold it or wait for it."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    users: int = 0
-
-
 class _PlanRootRecorded(Exception):
     """A checkpoint was captured for its plan as remembered, but the plan's row names another
     workspace root: another replica recorded one meanwhile. Its transaction writes nothing."""
@@ -261,8 +254,8 @@ class Checkpoints:
         self._plans: dict[str, KnownPlan] = {}
         self._plans_guard = threading.Lock()
         self._new_checkpoints = db.group_commit(self._write_checkpoints)
-        self._locks: dict[str, _PlanLock] = {}
-        self._locks_guard = threading.Lock()
+        #: In-process plan locks; a call from the event loop never waits for one in a thread.
+        self.plan_locks = PlanLocks()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
         self._data_dir = os.path.realpath(settings.data_dir)
         self.journal = RollbackJournal(db)
@@ -310,40 +303,15 @@ class Checkpoints:
     def _try_plan_lock(self, plan_id: str) -> Callable[[], None] | None:
         """The plan's lock if no other operation holds or awaits it (for an event loop, on
         SQLite: no advisory lock): its release, else None."""
-        with self._locks_guard:
-            entry = self._locks.get(plan_id)
-            if entry is not None:
-                return None
-            entry = self._locks[plan_id] = _PlanLock(users=1)
-            entry.lock.acquire()
-
-        def release() -> None:
-            entry.lock.release()
-            self._leave_plan_lock(plan_id, entry)
-
-        return release
-
-    def _leave_plan_lock(self, plan_id: str, entry: _PlanLock) -> None:
-        # The last user drops the lock, so that the map holds only the plans in use.
-        with self._locks_guard:
-            entry.users -= 1
-            if entry.users == 0:
-                del self._locks[plan_id]
+        return self.plan_locks.try_acquire(plan_id)
 
     @contextmanager
     def _plan_lock(self, plan_id: str) -> Iterator[None]:
-        """Serializes one plan's operations, capture to commit: this process's threads queue on an
-        in-process lock (holding no database connection), then replicas on a database advisory lock."""
-        with self._locks_guard:
-            entry = self._locks.get(plan_id)
-            if entry is None:
-                entry = self._locks[plan_id] = _PlanLock()
-            entry.users += 1
-        try:
-            with entry.lock, self.db.advisory_lock(f"plan:{plan_id}"):
-                yield
-        finally:
-            self._leave_plan_lock(plan_id, entry)
+        """Serializes one plan's operations, capture to commit: this process's callers queue on an
+        in-process lock (holding no database connection; see ``PlanLocks`` for callers on the event
+        loop), then replicas on a database advisory lock."""
+        with self.plan_locks.hold(plan_id), self.db.advisory_lock(f"plan:{plan_id}"):
+            yield
 
     def _resolve_root(self, raw: str) -> str:
         if not os.path.isabs(raw) or "\0" in raw:
@@ -600,7 +568,8 @@ class Checkpoints:
         ``_start_on_loop``). Any other create runs ``create`` in a thread through ``run_blocking``."""
         started = self._start_on_loop(req)
         if started is None:
-            return await run_blocking(self.create, req)
+            # A busy plan is waited for on the loop, not in a thread (see PlanLocks.run).
+            return await self.plan_locks.run(run_blocking, self.create, req, plan_id=req.plan_id)
         try:
             await _committed(started.committed)
         except asyncio.CancelledError:
@@ -770,11 +739,11 @@ class Checkpoints:
         return tuple(validate_relpath(p.rstrip("/") if p != "/" else p) for p in paths)
 
     def _target_rules(self, row: CheckpointRow) -> IgnoreRules:
-        def load(directory: str) -> str | None:
+        def load(directory: str) -> bytes | None:
             entry = self.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
             if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
                 return None
-            return self.store.read_bytes(entry.digest).decode("utf-8", "replace")
+            return self.store.read_bytes(entry.digest)
 
         return IgnoreRules(row.ignore_patterns, load, row.excluded_paths)
 

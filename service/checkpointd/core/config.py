@@ -19,6 +19,7 @@ from sqlmodel import select
 
 from checkpointd.core.db import Database
 from checkpointd.core.errors import InvalidArgument, Reason
+from checkpointd.core.gitignore import MAX_PATTERN_BYTES, refusal
 from checkpointd.core.models import ConfigRow, utcnow
 from checkpointd.core.vocabulary import AUTO_TRIGGERS
 
@@ -45,6 +46,9 @@ class ConfigKey:
     default: Any
     description: str
     validate: Validator
+    #: Further checks for a value being set, not for one already stored (which still resolves as
+    #: ``validate`` allows): what was accepted before keeps working as it did.
+    admit: Validator | None = None
 
 
 def _integer(low: int, high: int) -> Validator:
@@ -83,6 +87,15 @@ def _triggers(value: Any) -> list[str]:
     if len(set(names)) != len(names):
         raise ValueError("lists a trigger twice")
     return names
+
+
+def _ignore_patterns(value: list[str]) -> list[str]:
+    for pattern in value:
+        why = refusal(pattern)
+        if why is not None:
+            shown = pattern if len(pattern) <= 80 else pattern[:80] + "..."
+            raise ValueError(f"pattern {shown!r} {why}")
+    return value
 
 
 def _one_of(kind: type[enum.StrEnum]) -> Validator:
@@ -130,9 +143,12 @@ REGISTRY: dict[str, ConfigKey] = {
         ConfigKey(
             IGNORE_PATTERNS,
             [],
-            "Extra gitignore-style patterns left out of every capture, on top of the workspace's own "
-            ".gitignore files (which take precedence, as git's excludes file does). At most 1000.",
-            _string_list(1000, 1024),
+            "Extra gitignore patterns left out of every capture, on top of the workspace's own "
+            ".gitignore files (which take precedence, as git's excludes file does), one pattern per item in "
+            f"git's syntax. At most 1000, each at most {MAX_PATTERN_BYTES} bytes; a pattern that can never match "
+            "(a bare '!', a trailing backslash, an unclosed '[', a comment, an empty one) is refused.",
+            _string_list(1000, MAX_PATTERN_BYTES),
+            _ignore_patterns,
         ),
         ConfigKey(
             MAX_FILE_SIZE_BYTES,
@@ -183,8 +199,10 @@ def lookup_key(name: str) -> ConfigKey:
 
 
 def validate_value(key: ConfigKey, value: Any) -> Any:
+    """A value about to be set, checked and normalized."""
     try:
-        return key.validate(value)
+        value = key.validate(value)
+        return key.admit(value) if key.admit is not None else value
     except ValueError as exc:
         raise InvalidArgument(
             Reason.INVALID_CONFIG_VALUE, f"invalid value for {key.name}: {exc}", key=key.name, detail=str(exc)

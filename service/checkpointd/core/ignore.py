@@ -3,89 +3,61 @@ configured patterns, with git's precedence (a deeper .gitignore wins over a shal
 one; configured patterns, like git's excludes file, rank lowest). ``.git`` is never
 captured.
 
-Rules are built from a loader that returns the text of ``<dir>/.gitignore``, so the same
-code answers for the live disk and for a stored checkpoint's tree.
+Rules are built from a loader that returns the content of ``<dir>/.gitignore``, so the same
+code answers for the live disk and for a stored checkpoint's tree. Patterns are matched by
+``gitignore`` (git's syntax, in bounded time); no .gitignore content makes this raise.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterable
 
-import pathspec
+from checkpointd.core.gitignore import PatternList, parse_configured, parse_file, path_text
 
 NEVER_CAPTURED = frozenset({".git"})
 GITIGNORE = ".gitignore"
 
-GitignoreLoader = Callable[[str], str | None]
+#: The content of ``<directory>/.gitignore`` (bytes as on disk; a str is encoded back), or None.
+GitignoreLoader = Callable[[str], bytes | str | None]
 
-
-def _spec(lines: Iterable[str]) -> pathspec.GitIgnoreSpec | None:
-    lines = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
-
-
-class _Matcher:
-    """One spec with a fast "no pattern matches" test: the regexes ``check_file`` would
-    try, searched directly (paths given here are already normalized: relative, '/'-separated),
-    so that only a path some pattern matches pays for the full check."""
-
-    __slots__ = ("spec", "searches", "strip")
-
-    def __init__(self, spec: pathspec.GitIgnoreSpec, strip: int) -> None:
-        self.spec = spec
-        #: Characters of a workspace path before the part this spec sees.
-        self.strip = strip
-        regexes = []
-        for pattern in spec.patterns:
-            if getattr(pattern, "include", None) is None:
-                continue
-            regex = getattr(pattern, "regex", None)
-            if regex is None or not hasattr(regex, "search"):
-                regexes = None
-                break
-            regexes.append(regex.search)
-        #: None: no fast test is possible, always ask the spec.
-        self.searches = tuple(regexes) if regexes is not None else None
-
-    def verdict(self, candidate: str) -> bool | None:
-        relative = candidate[self.strip:]
-        searches = self.searches
-        if searches is not None:
-            for search in searches:
-                if search(relative) is not None:
-                    break
-            else:
-                return None
-        return self.spec.check_file(relative).include
+log = logging.getLogger("checkpointd.ignore")
 
 
 class IgnoreRules:
     def __init__(self, configured_patterns: Iterable[str], loader: GitignoreLoader,
                  excluded_paths: Iterable[str] = ()) -> None:
-        self._configured = _spec(configured_patterns)
+        configured = parse_configured(list(configured_patterns))
+        _report("core.snapshot.ignore_patterns", configured)
+        self._configured = configured if configured else None
         self._loader = loader
-        self._per_dir: dict[str, pathspec.GitIgnoreSpec | None] = {}
+        self._per_dir: dict[str, PatternList | None] = {}
         self._excluded = frozenset(excluded_paths)
-        #: directory -> the matchers that decide for its entries, deepest .gitignore first
-        self._chains: dict[str, tuple[_Matcher, ...]] = {}
+        #: directory -> the pattern lists that decide for its entries, deepest .gitignore first, each
+        #: with the bytes of a path before the part it sees ('' or 'a/b/')
+        self._chains: dict[str, tuple[tuple[PatternList, int], ...]] = {}
 
-    def _dir_spec(self, directory: str) -> pathspec.GitIgnoreSpec | None:
+    def _dir_patterns(self, directory: str) -> PatternList | None:
         if directory not in self._per_dir:
-            text = self._loader(directory)
-            self._per_dir[directory] = _spec(text.splitlines()) if text else None
+            content = self._loader(directory)
+            if isinstance(content, str):
+                content = content.encode("utf-8", "surrogateescape")
+            patterns = parse_file(content) if content else None
+            if patterns is not None:
+                _report(f"{directory}/{GITIGNORE}" if directory else GITIGNORE, patterns)
+            self._per_dir[directory] = patterns if patterns else None
         return self._per_dir[directory]
 
-    def _chain(self, directory: str) -> tuple[_Matcher, ...]:
+    def _chain(self, directory: str) -> tuple[tuple[PatternList, int], ...]:
         chain = self._chains.get(directory)
         if chain is None:
-            own = self._dir_spec(directory)
+            own = self._dir_patterns(directory)
+            mine = ((own, len(os.fsencode(directory)) + 1 if directory else 0),) if own is not None else ()
             if directory:
-                mine = (_Matcher(own, len(directory) + 1),) if own is not None else ()
                 chain = mine + self._chain(directory.rpartition("/")[0])
             else:
-                chain = (_Matcher(own, 0),) if own is not None else ()
-                if self._configured is not None:
-                    chain += (_Matcher(self._configured, 0),)
+                chain = mine + (((self._configured, 0),) if self._configured is not None else ())
             self._chains[directory] = chain
         return chain
 
@@ -109,9 +81,11 @@ class IgnoreRules:
             chain = self._chain(directory)
         if not chain:
             return False
-        candidate = path + "/" if is_dir else path
-        for matcher in chain:
-            verdict = matcher.verdict(candidate)
+        if not path.isascii():
+            path = path_text(path)
+            name = path.rpartition("/")[2]
+        for patterns, strip in chain:
+            verdict = patterns.verdict(path, strip, name, is_dir)
             if verdict is not None:
                 return verdict
         return False
@@ -123,3 +97,8 @@ class IgnoreRules:
             if self.ignores_entry("/".join(parts[:depth]), is_dir=True):
                 return True
         return self.ignores_entry(path, is_dir)
+
+
+def _report(source: str, patterns: PatternList) -> None:
+    for problem in patterns.problems:
+        log.warning("%s, line %d: %s", source, problem.line_number, problem.why)

@@ -125,9 +125,8 @@ def _by_path(skipped: Skipped) -> str:
 
 
 def disk_rules(workspace: Workspace, patterns: list[str], excluded: list[str]) -> IgnoreRules:
-    def load(directory: str) -> str | None:
-        data = workspace.read_small(f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
-        return data.decode("utf-8", "replace") if data is not None else None
+    def load(directory: str) -> bytes | None:
+        return workspace.read_small(f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
 
     return IgnoreRules(patterns, load, excluded)
 
