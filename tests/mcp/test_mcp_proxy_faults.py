@@ -80,6 +80,40 @@ async def test_checkpointd_stuck_with_proceed_runs_the_write_with_a_warning(
     assert write_s < BOUND_S
 
 
+async def test_the_host_is_served_while_checkpointd_is_stuck_from_the_start(
+    fresh_server, filesystem_server
+) -> None:
+    """initialize, tools/list and read-only tools come from the wrapped server: none of them waits on
+    checkpointd's settings. The first write tool waits for them within its deadline, then proceeds
+    on the defaults (on_unavailable "proceed") with a warning."""
+    workspace = fresh_server.new_workspace()
+    (workspace / "notes.txt").write_text("notes\n")
+    plan_id = str(ULID())
+    os.kill(fresh_server.process.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        async with proxied(fresh_server.tcp_target, workspace, [str(filesystem_server), str(workspace)],
+                           plan_id=plan_id) as proxy:
+            names = {tool.name for tool in (await proxy.session.list_tools()).tools}
+            read = await proxy.call("read_text_file", {"path": str(workspace / "notes.txt")})
+            log_when_served = proxy.stderr()
+            started = time.monotonic()
+            written = await proxy.call("write_file", {"path": str(workspace / "a.txt"), "content": "a"})
+            write_s = time.monotonic() - started
+    finally:
+        os.kill(fresh_server.process.pid, signal.SIGCONT)
+
+    assert {"read_text_file", "write_file", "checkpoint_list"} <= names
+    assert not read.is_error and text_of(read) == "notes\n"
+    # The proxy gives up on the settings one (default) deadline after it started reading them: the
+    # host was served before that, so it never waited for them.
+    assert "checkpointd config unreachable" not in log_when_served, log_when_served
+    assert not written.is_error and (workspace / "a.txt").read_text() == "a"
+    warnings = [line for line in text_of(written).splitlines() if line.startswith("checkpointd warning")]
+    assert len(warnings) == 2, text_of(written)
+    assert "before_tool_execute" in warnings[0] and "DEADLINE_EXCEEDED" in warnings[0]
+    assert write_s < BOUND_S
+
+
 async def test_checkpointd_down_with_refuse_does_not_run_the_write(fresh_server, filesystem_server) -> None:
     workspace = fresh_server.new_workspace()
     _configure(fresh_server.tcp_target, "refuse")

@@ -58,6 +58,8 @@ async def serve(options: ProxyOptions) -> None:
             credentials=connection.credentials,
             server_name=connection.server_name,
             deadline_s=connection.call_deadline_s,
+            # The host's initialize and tools/list come from the upstream: they never wait on checkpointd.
+            settings_in_background=True,
             plan_id=plan_id,
         )
     )
