@@ -34,7 +34,7 @@ TERMINATE_GRACE_S = 2.0
 # Messages the session already handed over get this long to reach the server before its stdin closes.
 FLUSH_S = 0.5
 # How often the exit status is looked at (process.wait() would also wait for every copy of its pipes).
-EXIT_POLL_S = 0.05
+EXIT_POLL_S = 0.1
 
 _PIPE_CLOSED = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
 
