@@ -286,7 +286,7 @@ async def test_resources_prompts_and_notifications_pass_through(checkpointd_serv
         with anyio.fail_after(WAIT_S):
             await tools_changed.wait()
         assert [(entry.level, entry.data) for entry in logged] == [("info", "announced")]
-        assert not (await proxy.call("quick_write", {"name": "a"})).is_error
+        assert not (await proxy.call("late_read")).is_error
 
     # announce has no annotations (a write tool); late_read, learnt from the new list, is read-only.
     assert timeline(checkpoints_of(checkpointd_server.tcp_target, plan_id)) == [
