@@ -176,17 +176,15 @@ class CheckpointConfigWatcher:
 
         With `wait=False` the first read happens in that thread too, and start returns at once.
         """
-        if self._thread is not None:
-            return self
         if wait:
             self.refresh()
-            target = self._watch_forever
-        else:
-            with self._changed:
-                self._first_read_pending = True
-            target = self._read_then_watch
-        self._thread = threading.Thread(target=target, name="checkpointd-config-watch", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            if not wait:
+                with self._changed:
+                    self._first_read_pending = True
+            target = self._watch_forever if wait else self._read_then_watch
+            self._thread = threading.Thread(target=target, name="checkpointd-config-watch", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
