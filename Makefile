@@ -58,7 +58,7 @@ test-slow: install
 
 # The curated critical mutants (tests/mutation/critical.toml): fails if the suite misses any
 # of them or a patch no longer applies. About 5 minutes on 2 cores; CI runs it.
-test-mutants: install $(NODE_INSTALLED)
+test-mutants: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/python -m tests.mutation.critical
 
 # Mutation scores of the core modules with cosmic-ray (tests/mutation/README.md); hours, not

@@ -165,10 +165,20 @@ class ScriptedConfigService(config_service_pb2_grpc.ConfigServiceServicer):
             ConfigKey.CLIENT_DEADLINE_MS.value: 5000,
         }
         self._pushed: queue.Queue[str] = queue.Queue()
+        self.reads_started = threading.Event()
+        self._reads_released = threading.Event()
+        self._reads_released.set()
 
     def push(self, key: str, value: JsonValue) -> None:
         self.values[key] = value
         self._pushed.put(key)
+
+    def hold_reads(self) -> None:
+        """Fault: GetConfig answers nothing until release_reads() (a stuck server, for one RPC)."""
+        self._reads_released.clear()
+
+    def release_reads(self) -> None:
+        self._reads_released.set()
 
     def _entry(self, key: str) -> config_service_pb2.ConfigEntry:
         return config_service_pb2.ConfigEntry(
@@ -176,6 +186,8 @@ class ScriptedConfigService(config_service_pb2_grpc.ConfigServiceServicer):
         )
 
     def GetConfig(self, request, context):  # noqa: N802 - gRPC method name
+        self.reads_started.set()
+        self._reads_released.wait()
         return config_service_pb2.GetConfigResponse(entry=self._entry(request.key))
 
     def WatchConfig(self, request, context):  # noqa: N802 - gRPC method name
@@ -203,4 +215,5 @@ def scripted_config_server() -> Iterator[ScriptedConfigServer]:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield ScriptedConfigServer(service, f"127.0.0.1:{port}")
+    service.release_reads()
     server.stop(grace=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -103,6 +104,21 @@ def test_an_unknown_trigger_pushed_by_watch_config_stops_write_tools(
         )
         runner.execute("local/write-file", {"path": "a.txt", "content": "x"}, plan)
         assert (tmp_path / "a.txt").read_text() == "x"
+
+
+def test_settings_read_in_the_background_hold_up_the_first_decision_not_the_start(scripted_config_server) -> None:
+    service = scripted_config_server.service
+    service.push(ConfigKey.ON_UNAVAILABLE, "refuse")
+    service.hold_reads()
+    with Checkpointd(scripted_config_server.target, settings_in_background=True) as checkpointd:
+        assert service.reads_started.wait(WAIT_S)  # constructed while its first read is stuck
+        with futures.ThreadPoolExecutor(1) as pool:
+            decided = pool.submit(checkpointd.policy().settings)
+            # Not the defaults at once: a decision waits for the read (at most one deadline)...
+            assert not futures.wait([decided], timeout=0.5).done
+            service.release_reads()
+            # ... so it follows what the server says, here "refuse" rather than the default "proceed".
+            assert decided.result(timeout=WAIT_S).on_unavailable is OnUnavailable.REFUSE
 
 
 @pytest.mark.parametrize("name", ["on_teleport", "manual", "rollback", "BEFORE_TOOL_EXECUTE", ""])

@@ -3,6 +3,7 @@ mcp-proxy` (a subprocess) over stdio or Streamable HTTP, and what the tests read
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -69,13 +70,20 @@ async def proxied(
     *,
     plan_id: str | None,
     options: Sequence[str] = (),
+    exit_status_file: Path | None = None,
     **session_options: Any,
 ) -> AsyncIterator[Proxy]:
     """The host's session with a proxy started over stdio, wrapping `upstream` (a command, or
-    ["--upstream-url", URL]); `session_options` go to the host's ClientSession."""
+    ["--upstream-url", URL]); `session_options` go to the host's ClientSession.
+
+    With `exit_status_file`, a shell between host and proxy writes the proxy's exit status there.
+    The proxy gets this process's whole environment (PYTHONPATH included, as the mutation runner needs).
+    """
     command = proxy_command(target, workspace, plan_id=plan_id, extra=[*options, *_upstream_args(upstream)])
+    if exit_status_file is not None:
+        command = ["sh", "-c", 'file=$1; shift; "$@"; echo $? > "$file"', "sh", str(exit_status_file), *command]
     stderr_path = workspace.parent / f"{workspace.name}.proxy.log"
-    parameters = StdioServerParameters(command=command[0], args=command[1:])
+    parameters = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     with open(stderr_path, "w") as errlog:
         async with (
             stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
@@ -134,6 +142,20 @@ def stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def processes_running(program: str, *args: str) -> list[int]:
+    """The pids of the processes running `program` (by name, whatever its path) with exactly `args`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+            except OSError:
+                continue  # it has exited meanwhile
+            if Path(argv[0]).name == program and argv[1:] == list(args):
+                found.append(int(entry.name))
+    return found
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import mcp_types as types
 import pytest
+from mcp.shared.exceptions import MCPError
 from ulid import ULID
 
 from checkpointd_client import Checkpointd, ConfigKey
@@ -20,6 +21,7 @@ from tests.mcp.proxy_host import (
     SLOW_SERVER,
     WAIT_S,
     checkpoints_of,
+    processes_running,
     proxied,
     proxied_over_http,
     proxy_command,
@@ -78,6 +80,40 @@ async def test_checkpointd_stuck_with_proceed_runs_the_write_with_a_warning(
     assert write_s < BOUND_S
 
 
+async def test_the_host_is_served_while_checkpointd_is_stuck_from_the_start(
+    fresh_server, filesystem_server
+) -> None:
+    """initialize, tools/list and read-only tools come from the wrapped server: none of them waits on
+    checkpointd's settings. The first write tool waits for them within its deadline, then proceeds
+    on the defaults (on_unavailable "proceed") with a warning."""
+    workspace = fresh_server.new_workspace()
+    (workspace / "notes.txt").write_text("notes\n")
+    plan_id = str(ULID())
+    os.kill(fresh_server.process.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        async with proxied(fresh_server.tcp_target, workspace, [str(filesystem_server), str(workspace)],
+                           plan_id=plan_id) as proxy:
+            names = {tool.name for tool in (await proxy.session.list_tools()).tools}
+            read = await proxy.call("read_text_file", {"path": str(workspace / "notes.txt")})
+            log_when_served = proxy.stderr()
+            started = time.monotonic()
+            written = await proxy.call("write_file", {"path": str(workspace / "a.txt"), "content": "a"})
+            write_s = time.monotonic() - started
+    finally:
+        os.kill(fresh_server.process.pid, signal.SIGCONT)
+
+    assert {"read_text_file", "write_file", "checkpoint_list"} <= names
+    assert not read.is_error and text_of(read) == "notes\n"
+    # The proxy gives up on the settings one (default) deadline after it started reading them: the
+    # host was served before that, so it never waited for them.
+    assert "checkpointd config unreachable" not in log_when_served, log_when_served
+    assert not written.is_error and (workspace / "a.txt").read_text() == "a"
+    warnings = [line for line in text_of(written).splitlines() if line.startswith("checkpointd warning")]
+    assert len(warnings) == 2, text_of(written)
+    assert "before_tool_execute" in warnings[0] and "DEADLINE_EXCEEDED" in warnings[0]
+    assert write_s < BOUND_S
+
+
 async def test_checkpointd_down_with_refuse_does_not_run_the_write(fresh_server, filesystem_server) -> None:
     workspace = fresh_server.new_workspace()
     _configure(fresh_server.tcp_target, "refuse")
@@ -97,6 +133,59 @@ async def test_checkpointd_down_with_refuse_does_not_run_the_write(fresh_server,
     assert not (workspace / "a.txt").exists()
     assert refused_s < BOUND_S
     assert not read.is_error
+
+
+async def test_a_wrapped_server_that_dies_ends_the_proxy(
+    checkpointd_server, workspace: Path, filesystem_server
+) -> None:
+    """The host sees its server down (the proxy exits, its stdout closes) and why, on stderr."""
+    exit_status = workspace.parent / f"{workspace.name}.exit-status"
+    wrapped = [str(filesystem_server), str(workspace)]
+    async with proxied(checkpointd_server.tcp_target, workspace, wrapped, plan_id=str(ULID()),
+                       exit_status_file=exit_status) as proxy:
+        assert not (await proxy.call("list_directory", {"path": str(workspace)})).is_error
+        (server_pid,) = processes_running("node", *wrapped)
+        os.kill(server_pid, signal.SIGKILL)
+        with anyio.fail_after(WAIT_S):
+            while not exit_status.exists():
+                await anyio.sleep(0.05)
+        with pytest.raises(MCPError, match="Connection closed"):
+            await proxy.call("list_directory", {"path": str(workspace)})
+
+    assert exit_status.read_text().strip() == "1"
+    stderr = proxy.stderr()
+    message = f"the wrapped MCP server ({' '.join(wrapped)}) was killed by signal 9 (SIGKILL)"
+    assert f"checkpointd mcp-proxy: error: {message}\n" in stderr
+    assert "Traceback" not in stderr
+
+
+async def test_an_http_server_that_lost_the_session_ends_the_proxy(checkpointd_server, workspace: Path) -> None:
+    """Restarted, the server no longer knows the proxy's session (HTTP 404): that session is over."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    serve = [*SLOW_SERVER, str(workspace), "--http", str(port)]
+    exit_status = workspace.parent / f"{workspace.name}.exit-status"
+    upstream = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await wait_for_port(port, upstream)
+        async with proxied(checkpointd_server.tcp_target, workspace, ["--upstream-url", url], plan_id=str(ULID()),
+                           exit_status_file=exit_status) as proxy:
+            assert not (await proxy.call("quick_write", {"name": "a"})).is_error
+            stop(upstream)
+            upstream = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+            await wait_for_port(port, upstream)
+            with pytest.raises(MCPError):
+                await proxy.call("quick_write", {"name": "b"})
+            with anyio.fail_after(WAIT_S):
+                while not exit_status.exists():
+                    await anyio.sleep(0.05)
+    finally:
+        stop(upstream)
+
+    assert exit_status.read_text().strip() == "1"
+    message = f"the wrapped MCP server ({url}) no longer knows the proxy's session (HTTP 404)"
+    assert f"checkpointd mcp-proxy: error: {message}" in proxy.stderr()
 
 
 async def test_a_cancelled_write_keeps_its_before_checkpoint_and_gets_no_after(
@@ -211,7 +300,7 @@ async def test_resources_prompts_and_notifications_pass_through(checkpointd_serv
     [
         (["--", "/no/such/server"], 1, "the wrapped MCP server (/no/such/server): [Errno 2]"),
         (["--upstream-url", "http://127.0.0.1:1/mcp"], 1, "the wrapped MCP server (http://127.0.0.1:1/mcp):"),
-        (["--", "false"], 1, "the wrapped MCP server (false): Connection closed"),
+        (["--", "false"], 1, "the wrapped MCP server (false) exited with status 1 during the MCP handshake"),
         ([], 2, "no MCP server to wrap"),
     ],
 )

@@ -88,9 +88,10 @@ class Scratch:
             elif source.exists():
                 shutil.copy2(source, root / item)
         (root / ".venv").symlink_to(REPO / ".venv")
-        node_modules = REPO / "clients" / "node" / "node_modules"
-        if node_modules.exists():
-            (root / "clients" / "node" / "node_modules").symlink_to(node_modules)
+        for package in ("clients/node", "tests/mcp/upstream"):  # the Node client; the MCP proxy's wrapped server
+            node_modules = REPO / package / "node_modules"
+            if node_modules.exists():
+                (root / package / "node_modules").symlink_to(node_modules)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env["PYTHONPATH"] = os.pathsep.join(str(root / r) for r in IMPORT_ROOTS)
         env["PYTHONDONTWRITEBYTECODE"] = "1"

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+import grpc
 
 from checkpointd_client.client import Checkpoint, CheckpointClient
 from checkpointd_client.errors import CheckpointdRpcError, CheckpointUnavailableError
@@ -84,10 +87,20 @@ class AutoCheckpointer:
         """
         if self.client is None or not plan_id:
             return None
+        started = time.monotonic()
+        # Waits (bounded) only for settings still being read for the first time in the background.
         settings = self.policy.settings()
         if not self.policy.is_enabled(trigger, settings):
             return None
+        # One deadline for the whole step: a wait for the settings leaves the checkpoint less time.
+        remaining_s = settings.client_deadline_s - (time.monotonic() - started)
         try:
+            if remaining_s <= 0:
+                raise CheckpointdRpcError(
+                    "CreateCheckpoint",
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"checkpointd's settings could not be read within the {settings.client_deadline_s:g} s deadline",
+                )
             return self.client.create_checkpoint(
                 plan_id,
                 trigger=trigger,
@@ -96,7 +109,7 @@ class AutoCheckpointer:
                 description=description,
                 state=plan_state() if plan_state is not None else b"",
                 workspace_root=os.path.abspath(workspace_root) if workspace_root is not None else None,
-                timeout=settings.client_deadline_s,
+                timeout=remaining_s,
             )
         except CheckpointdRpcError as error:
             if error.code not in UNAVAILABLE_CODES:

@@ -58,6 +58,10 @@ class CheckpointSettings:
                 return replace(self, client_deadline_s=parse_deadline_ms(value) / 1000)
 
 
+# A background start's first read is waited for at most this long (one registry-default deadline).
+FIRST_READ_WAIT_S = CheckpointSettings().client_deadline_s
+
+
 def parse_auto_create_on(value: JsonValue) -> frozenset[AutoTrigger]:
     """The trigger set of `core.checkpoints.auto_create_on`; unknown names raise UnknownTriggerError."""
     if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
@@ -101,6 +105,10 @@ class CheckpointConfigWatcher:
     Until the first successful read the registry defaults apply (proceed, 5000 ms, all triggers).
     A value the client cannot understand, such as an unknown trigger name, is refused loudly:
     `current()` raises until the server sends a usable value for that key again.
+
+    `start(wait=False)` makes the first read in the background, for a component that must not wait
+    on checkpointd to start (the MCP proxy). Until that read has ended, `current()` waits for it,
+    but never longer than the registry's client deadline: the defaults apply after that.
     """
 
     WATCHED_KEYS = tuple(key.value for key in ConfigKey)
@@ -120,6 +128,8 @@ class CheckpointConfigWatcher:
         self._settings = CheckpointSettings()
         self._refused: dict[str, Exception] = {}
         self._fetched = False
+        # True from a background start until its first read has ended (answered or failed).
+        self._first_read_pending = False
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._stream: ConfigWatch | None = None
@@ -132,6 +142,13 @@ class CheckpointConfigWatcher:
             return self._fetched
 
     def current(self) -> CheckpointSettings:
+        with self._changed:
+            if self._first_read_pending:
+                self._changed.wait_for(lambda: not self._first_read_pending, timeout=FIRST_READ_WAIT_S)
+        return self._known()
+
+    def _known(self) -> CheckpointSettings:
+        """The settings as known now, without waiting for a first read."""
         with self._changed:
             if self._refused:
                 raise next(iter(self._refused.values()))
@@ -149,25 +166,37 @@ class CheckpointConfigWatcher:
             if error.code not in UNAVAILABLE_CODES:
                 raise
             logger.warning("checkpointd config unreachable (%s); using %s settings", error, self._cache_kind())
-            return self.current()
+            return self._known()
         for entry in entries:
             self._apply(entry)
-        return self.current()
+        return self._known()
 
-    def start(self) -> Self:
-        """Read the settings once, then follow changes in a background thread."""
-        self.refresh()
+    def start(self, *, wait: bool = True) -> Self:
+        """Read the settings once, then follow changes in a background thread.
+
+        With `wait=False` the first read happens in that thread too, and start returns at once.
+        """
+        if wait:
+            self.refresh()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._watch_forever, name="checkpointd-config-watch", daemon=True)
+            if not wait:
+                with self._changed:
+                    self._first_read_pending = True
+            target = self._watch_forever if wait else self._read_then_watch
+            self._thread = threading.Thread(target=target, name="checkpointd-config-watch", daemon=True)
             self._thread.start()
         return self
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Stop following changes, without waiting for the thread (see close)."""
         self._closed.set()
         with self._changed:
             stream = self._stream
         if stream is not None:
             stream.cancel()
+
+    def close(self) -> None:
+        self.stop()
         if self._thread is not None:
             self._thread.join(timeout=CLOSE_TIMEOUT_S)
             if self._thread.is_alive():
@@ -207,12 +236,31 @@ class CheckpointConfigWatcher:
             finally:
                 self._changed.notify_all()
 
+    def _read_then_watch(self) -> None:
+        try:
+            self.refresh()
+        except ValueError:
+            pass  # a value this client cannot use: _apply said so, and current() raises it
+        except CheckpointdRpcError as error:  # refused (a bad token...); the watch below keeps trying
+            if not self._closed.is_set():
+                logger.error("could not read the checkpointd config: %s", error)
+        finally:
+            with self._changed:
+                self._first_read_pending = False
+                self._changed.notify_all()
+        self._watch_forever()
+
     def _watch_forever(self) -> None:
         backoff_s = self._backoff_initial_s
         while not self._closed.is_set():
-            stream = self._config.watch_config(
-                self.WATCHED_KEYS, plan_id=self._plan_id, timeout=self._watch_deadline_s
-            )
+            try:
+                stream = self._config.watch_config(
+                    self.WATCHED_KEYS, plan_id=self._plan_id, timeout=self._watch_deadline_s
+                )
+            except ValueError:  # grpc's "closed channel": its owner closed it after stop()
+                if self._closed.is_set():
+                    return
+                raise
             with self._changed:
                 self._stream = stream
             if self._closed.is_set():

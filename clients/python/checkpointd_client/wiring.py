@@ -22,6 +22,9 @@ class Checkpointd:
 
     `target` is "host:port" or "unix:///absolute/path". With `watch_config=False` the server's
     settings are never read and the registry defaults apply (useful for plain client use).
+    With `settings_in_background=True` they are read in the background, so constructing this never
+    waits on checkpointd; a checkpoint asked for meanwhile waits for them within its own deadline
+    (see `CheckpointConfigWatcher.start`).
     `credentials` and `server_name` connect over TLS (see `open_channel`); `token` is the
     server's bearer token.
     """
@@ -35,6 +38,7 @@ class Checkpointd:
         server_name: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
         watch_config: bool = True,
+        settings_in_background: bool = False,
         plan_id: str = "",
     ) -> None:
         self.target = target
@@ -45,7 +49,7 @@ class Checkpointd:
         self._watching = watch_config
         if watch_config:
             try:
-                self.settings.start()
+                self.settings.start(wait=not settings_in_background)
             except BaseException:
                 self.channel.close()
                 raise
@@ -65,8 +69,11 @@ class Checkpointd:
 
     def close(self) -> None:
         if self._watching:
-            self.settings.close()
+            self.settings.stop()
+        # Closing the channel also ends a settings read in flight, so the watcher stops at once.
         self.channel.close()
+        if self._watching:
+            self.settings.close()
 
     def __enter__(self) -> Self:
         return self

@@ -33,9 +33,9 @@ def _upstream_failures() -> tuple[type[BaseException], ...]:
 def _expected_failures() -> tuple[type[BaseException], ...]:
     """Failures that end the proxy with one line on stderr instead of a traceback."""
     from checkpointd_client import CheckpointdClientError
-    from checkpointd_client.mcp_proxy import ProxyOptionsError, ToolNameClash
+    from checkpointd_client.mcp_proxy import ProxyOptionsError, ToolNameClash, UpstreamGone
 
-    return ProxyOptionsError, ToolNameClash, CheckpointdClientError, ConnectionOptionsError, ValueError
+    return ProxyOptionsError, ToolNameClash, UpstreamGone, CheckpointdClientError, ConnectionOptionsError, ValueError
 
 
 def _leaf(error: BaseException, wanted: tuple[type[BaseException], ...]) -> BaseException | None:

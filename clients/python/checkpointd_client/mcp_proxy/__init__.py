@@ -17,6 +17,8 @@ from checkpointd_client.mcp_proxy.options import (
 from checkpointd_client.mcp_proxy.run import new_plan_id, run, serve
 from checkpointd_client.mcp_proxy.server import McpProxy, ToolNameClash
 from checkpointd_client.mcp_proxy.tool_kinds import ToolKinds, annotated_read_only
+from checkpointd_client.mcp_proxy.upstream import UpstreamSessionLost
+from checkpointd_client.mcp_proxy.upstream_process import UpstreamExited, UpstreamGone
 
 __all__ = [
     "CheckpointdConnection",
@@ -28,6 +30,9 @@ __all__ = [
     "StdioUpstream",
     "ToolKinds",
     "ToolNameClash",
+    "UpstreamExited",
+    "UpstreamGone",
+    "UpstreamSessionLost",
     "annotated_read_only",
     "new_plan_id",
     "run",

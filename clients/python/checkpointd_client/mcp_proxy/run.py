@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import anyio
@@ -20,7 +21,7 @@ from checkpointd_client.mcp_proxy.options import HttpListener, ProxyOptions
 from checkpointd_client.mcp_proxy.server import McpProxy
 from checkpointd_client.mcp_proxy.tool_kinds import ToolKinds
 from checkpointd_client.mcp_proxy.undo_tools import UndoTools
-from checkpointd_client.mcp_proxy.upstream import connect_upstream
+from checkpointd_client.mcp_proxy.upstream import UpstreamSession, connect_upstream
 from checkpointd_client.wiring import Checkpointd
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ async def serve(options: ProxyOptions) -> None:
             credentials=connection.credentials,
             server_name=connection.server_name,
             deadline_s=connection.call_deadline_s,
+            # The host's initialize and tools/list come from the upstream: they never wait on checkpointd.
+            settings_in_background=True,
             plan_id=plan_id,
         )
     )
@@ -86,12 +89,33 @@ async def _proxy(options: ProxyOptions, plan_id: str, checkpointd: Checkpointd) 
         options.upstream, workspace_root=options.workspace_root, on_notification=proxy.on_upstream_notification
     ) as upstream:
         await proxy.attach(upstream)
-        server = proxy.build_server()
-        if options.listen_http is None:
-            async with stdio_server(stdin=HostStdin().start()) as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-        else:
-            await _serve_http(server, options.listen_http)
+        await _serve_while_upstream_lives(upstream, partial(_serve_host, proxy.build_server(), options))
+
+
+async def _serve_while_upstream_lives(upstream: UpstreamSession, serve_host: Callable[[], Awaitable[None]]) -> None:
+    """Serve the host until it leaves. A wrapped server gone first stops the serving and raises why:
+    the proxy exits, so the host sees its server down instead of every call failing from then on."""
+    gone: Exception | None = None
+    async with anyio.create_task_group() as task_group:
+
+        async def watch() -> None:
+            nonlocal gone
+            gone = await upstream.gone()
+            task_group.cancel_scope.cancel()
+
+        task_group.start_soon(watch)
+        await serve_host()
+        task_group.cancel_scope.cancel()
+    if gone is not None:
+        raise gone
+
+
+async def _serve_host(server: Server, options: ProxyOptions) -> None:
+    if options.listen_http is None:
+        async with stdio_server(stdin=HostStdin().start()) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    else:
+        await _serve_http(server, options.listen_http)
 
 
 async def _stop_on_signals(scope: anyio.CancelScope) -> None:

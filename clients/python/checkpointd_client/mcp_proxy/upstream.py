@@ -13,15 +13,22 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 
 from checkpointd_client.mcp_proxy.options import HttpUpstream, StdioUpstream, Upstream
+from checkpointd_client.mcp_proxy.upstream_process import (
+    EXIT_GRACE_S,
+    UpstreamGone,
+    UpstreamProcess,
+    stdio_transport,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +64,22 @@ def forwardable_params(params: Mapping[str, Any] | None) -> dict[str, Any] | Non
 
 
 class UpstreamSession:
-    """The live session with the wrapped server, as the proxy uses it."""
+    """The live session with the wrapped server, as the proxy uses it.
 
-    def __init__(self, session: ClientSession, initialized: types.InitializeResult) -> None:
+    `gone()` returns once the wrapped server is gone for good, with why as an exception to raise:
+    its process exited, or (HTTP) it no longer knows the session. An HTTP server that cannot be
+    reached at all fails the request that finds out, and that failure ends the proxy by itself.
+    """
+
+    def __init__(
+        self,
+        session: ClientSession,
+        initialized: types.InitializeResult,
+        gone: Callable[[], Awaitable[UpstreamGone]],
+    ) -> None:
         self.session = session
         self.initialized = initialized
+        self.gone = gone
 
     @property
     def capabilities(self) -> types.ServerCapabilities:
@@ -91,6 +109,33 @@ class UpstreamSession:
         return tools
 
 
+class UpstreamSessionLost(UpstreamGone):
+    """An HTTP upstream answered 404 to the session id: it was restarted, or ended the session."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"the wrapped MCP server ({url}) no longer knows the proxy's session (HTTP 404): "
+            "it was restarted or ended the session"
+        )
+
+
+class _SessionLossWatch:
+    """Sees every HTTP response from the upstream (an httpx response hook). By the MCP spec, a 404
+    to a request that carried the session id means that session is over for good."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._lost = anyio.Event()
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        if response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+            self._lost.set()
+
+    async def lost(self) -> UpstreamGone:
+        await self._lost.wait()
+        return UpstreamSessionLost(self._url)
+
+
 def _roots_answer(workspace_root: Path) -> Callable[[ClientRequestContext], Awaitable[types.ListRootsResult]]:
     """The upstream's roots are the workspace: what it may touch is what checkpointd captures."""
     result = types.ListRootsResult(roots=[types.Root(uri=workspace_root.as_uri(), name=workspace_root.name)])
@@ -118,22 +163,24 @@ async def connect_upstream(
         await on_notification(message)
 
     async with AsyncExitStack() as stack:
+        process: UpstreamProcess | None = None
         match upstream:
             case StdioUpstream():
-                parameters = StdioServerParameters(
-                    command=upstream.command,
-                    args=list(upstream.args),
-                    env=dict(upstream.env),
-                    cwd=upstream.cwd,
-                )
-                read_stream, write_stream = await stack.enter_async_context(stdio_client(parameters))
+                read_stream, write_stream, process = await stack.enter_async_context(stdio_transport(upstream))
+                gone = process.exited
             case HttpUpstream():
+                session_loss = _SessionLossWatch(upstream.url)
                 http_client = await stack.enter_async_context(
-                    httpx2.AsyncClient(headers=dict(upstream.headers), timeout=HTTP_TIMEOUT)
+                    httpx2.AsyncClient(
+                        headers=dict(upstream.headers),
+                        timeout=HTTP_TIMEOUT,
+                        event_hooks={"response": [session_loss.on_response]},
+                    )
                 )
                 read_stream, write_stream = await stack.enter_async_context(
                     streamable_http_client(upstream.url, http_client=http_client)
                 )
+                gone = session_loss.lost
         session = await stack.enter_async_context(
             ClientSession(
                 read_stream,
@@ -143,14 +190,23 @@ async def connect_upstream(
                 client_info=types.Implementation(name=CLIENT_NAME, version=_version()),
             )
         )
-        initialized = await session.initialize()
+        try:
+            initialized = await session.initialize()
+        except MCPError as error:
+            if process is None or error.code != types.CONNECTION_CLOSED:
+                raise
+            # A server that exited says more by how it exited than "Connection closed".
+            exited = await process.exited_within(EXIT_GRACE_S, when=" during the MCP handshake")
+            if exited is None:
+                raise
+            raise exited from error
         logger.info(
             "wrapping MCP server %s %s (protocol %s)",
             initialized.server_info.name,
             initialized.server_info.version,
             initialized.protocol_version,
         )
-        yield UpstreamSession(session, initialized)
+        yield UpstreamSession(session, initialized, gone)
 
 
 def _version() -> str:
