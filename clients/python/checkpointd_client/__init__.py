@@ -24,6 +24,7 @@ from checkpointd_client.errors import (
     InvalidConfigValueError,
     UnknownTriggerError,
 )
+from checkpointd_client.ids import new_plan_id
 from checkpointd_client.interceptors import (
     AutoCheckpointer,
     ExecutePhase,
@@ -77,6 +78,7 @@ __all__ = [
     "UnknownTriggerError",
     "declares_read_only",
     "from_value",
+    "new_plan_id",
     "new_request_id",
     "open_channel",
     "phase_name",
