@@ -43,6 +43,7 @@ from checkpointd_client.policy import (
     SettingsSource,
     TriggerPolicy,
 )
+from checkpointd_client.targets import default_target
 from checkpointd_client.vocabulary import AutoTrigger, ConfigKey, OnUnavailable, phase_name, trigger_name
 from checkpointd_client.wiring import Checkpointd
 
@@ -77,6 +78,7 @@ __all__ = [
     "TriggerPolicy",
     "UnknownTriggerError",
     "declares_read_only",
+    "default_target",
     "from_value",
     "new_plan_id",
     "new_request_id",
