@@ -42,7 +42,8 @@ run: install
 # The core and interceptor suites run three ways: SQLite + disk store + file watcher (the
 # whole suite), PostgreSQL + database store, and with the file watcher off.
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
-CORE_SUITES := tests/service tests/clients tests/features
+CORE_SUITES := tests/service tests/clients tests/features tests/engine/test_unwatched_changes.py \
+	tests/hardening/test_gc_capture_races.py
 
 test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"
@@ -82,7 +83,12 @@ clean:
 	find protos \( -name '*_pb2*.py*' -o -name '__init__.py' \) -delete
 
 # Side-by-side figures against a shadow-git baseline (tests/bench/README.md); BENCH_ARGS=--quick for a short run.
+# HISTORY_ARGS: e.g. a repository path or URL and --commits N; SCALE_ARGS=--million adds the 1M-file workspace.
 BENCH_ARGS ?= --sizes 1000,10000,100000 --repeat 5
+HISTORY_ARGS ?= --commits 200 --rollbacks 20
+SCALE_ARGS ?=
 bench: install
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench history $(HISTORY_ARGS)
+	$(BIN)/python -m tests.bench scale $(SCALE_ARGS)
 	$(BIN)/python tests/bench/bench_postgres.py

@@ -50,6 +50,9 @@ class Point(enum.StrEnum):
     WORKSPACE_WRITE = "workspace.write"
     #: Rollback: every change is applied; the journal is not removed yet.
     ROLLBACK_APPLIED = "rollback.applied"
+    #: Garbage collection: the candidates (objects no checkpoint referenced) are listed; nothing
+    #: is deleted yet, and checkpoints, diffs and rollbacks go on meanwhile.
+    GC_LISTED = "gc.listed"
 
 
 class FaultSpecError(ValueError):
