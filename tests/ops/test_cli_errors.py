@@ -51,17 +51,6 @@ def test_serve_on_a_busy_port_says_so_in_one_line_and_creates_nothing(tmp_path: 
     assert not data_dir.exists(), "a server that cannot listen created its data dir (and database)"
 
 
-def test_serve_on_a_unix_socket_another_server_answers_on_creates_nothing(checkpointd_server, tmp_path: Path):
-    data_dir = tmp_path / "data"
-    refused = server_exit(["--listen", checkpointd_server.unix_target, "--data-dir", str(data_dir),
-                           "--workspace-root", str(tmp_path)])
-    assert refused.returncode == 2, refused.stderr
-    line = assert_one_line_no_traceback(refused.stderr)
-    assert f"another server is listening on unix socket {checkpointd_server.socket_path}" in line
-    assert "--listen unix:///PATH" in line
-    assert not data_dir.exists()
-
-
 def test_serve_help_shows_each_default_once_and_never_none():
     shown = subprocess.run([CHECKPOINTD, "serve", "--help"], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "COLUMNS": "1000"})
