@@ -80,6 +80,10 @@ class RunningServer:
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        self.wait_serving(timeout)
+
+    def wait_serving(self, timeout: float) -> None:
+        """Returns once health says SERVING; fails with the log if the process ends or takes too long."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -244,9 +248,10 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _server(base: Path, databases: PostgresDatabases | None, **kwargs) -> Iterator[RunningServer]:
+def _server(base: Path, databases: PostgresDatabases | None, kind: type[RunningServer] = RunningServer,
+            **kwargs) -> Iterator[RunningServer]:
     db_url = databases.create() if databases is not None else ""
-    server = RunningServer(base, db_url=db_url, **kwargs)
+    server = kind(base, db_url=db_url, **kwargs)
     try:
         server.start()
         yield server
@@ -264,6 +269,15 @@ def checkpointd_server(short_tmp: Path, suite_databases: PostgresDatabases | Non
 @pytest.fixture
 def fresh_server(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
     yield from _server(Path(tempfile.mkdtemp(prefix="f-", dir=short_tmp)), suite_databases)
+
+
+@pytest.fixture
+def checkout(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
+    """A directory that looks like the repository, with a server started in it as `make run`
+    starts one: where the READMEs' code blocks run (tests.readme_blocks.Checkout)."""
+    from tests.readme_blocks import Checkout
+
+    yield from _server(Path(tempfile.mkdtemp(prefix="r-", dir=short_tmp)), suite_databases, kind=Checkout)
 
 
 @pytest.fixture

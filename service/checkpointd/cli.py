@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the gRPC server",
         description="Run the gRPC server (CheckpointService, ConfigService, health, reflection). "
-                    "Stops gracefully on SIGTERM/SIGINT.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                    "Stops gracefully on SIGTERM/SIGINT. Every option can also come from its CHECKPOINTD_* "
+                    "environment variable; the flag wins.",
     )
     serve.add_argument(
         "--listen", action="append", metavar="ADDR",
@@ -52,13 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
              f"(comma-separated). Default: {DEFAULT_TCP} and unix://DATA_DIR/checkpointd.sock",
     )
     serve.add_argument(
-        "--data-dir", type=Path, default=default_data_dir(),
-        help="directory for the SQLite metadata database and the content store. Env CHECKPOINTD_DATA_DIR",
+        "--data-dir", type=Path, default=default_data_dir(), metavar="DIR",
+        help="directory for the SQLite metadata database and the content store. Env CHECKPOINTD_DATA_DIR. "
+             "Default: $XDG_DATA_HOME/checkpointd, else ~/.local/share/checkpointd",
     )
     serve.add_argument(
-        "--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""),
-        help="SQLAlchemy database URL (e.g. postgresql+psycopg://user@host/db); overrides the SQLite file in "
-             "the data dir. Env CHECKPOINTD_DB_URL",
+        "--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""), metavar="URL",
+        help="SQLAlchemy database URL (e.g. postgresql+psycopg://user@host/db). Env CHECKPOINTD_DB_URL. "
+             "Default: the SQLite file DATA_DIR/checkpointd.db",
     )
     serve.add_argument(
         "--workspace-root", action="append", metavar="DIR",
@@ -68,17 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--store", choices=[kind.value for kind in StoreKind], default=os.environ.get("CHECKPOINTD_STORE", "disk"),
         help="where checkpoint content lives: 'disk' (DATA_DIR/store) or 'db' (in the database, so replicas "
-             "sharing one PostgreSQL need no shared file system). Env CHECKPOINTD_STORE",
+             "sharing one PostgreSQL need no shared file system). Env CHECKPOINTD_STORE. Default: disk",
     )
     serve.add_argument(
         "--watcher", type=_on_off, metavar="{on,off}", default=os.environ.get("CHECKPOINTD_WATCHER", "on"),
         help="watch workspaces (inotify) so that a checkpoint re-examines only what changed; 'off' scans the "
-             "whole workspace at every checkpoint. Env CHECKPOINTD_WATCHER",
+             "whole workspace at every checkpoint. Env CHECKPOINTD_WATCHER. Default: on",
     )
     serve.add_argument("--grace-seconds", type=float, default=float(os.environ.get("CHECKPOINTD_GRACE_SECONDS", 30)),
-                       help="how long a shutdown waits for in-flight calls. Env CHECKPOINTD_GRACE_SECONDS")
-    serve.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
-                       help="logging level. Env CHECKPOINTD_LOG_LEVEL")
+                       metavar="SECONDS",
+                       help="how long a shutdown waits for in-flight calls. Env CHECKPOINTD_GRACE_SECONDS. "
+                            "Default: 30")
+    serve.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"), metavar="LEVEL",
+                       help="logging level (DEBUG, INFO, WARNING, ERROR). Env CHECKPOINTD_LOG_LEVEL. Default: INFO")
     add_operations_options(serve)
     register_commands(commands)
     return parser
@@ -135,14 +138,27 @@ def install_signal_handlers(server) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        try:
-            return serve(args)
-        except STARTUP_ERRORS as exc:
-            parser.exit(2, f"checkpointd serve: error: {exc}\n")
-    return args.run(args)
+    from checkpointd.commands.failures import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
+
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command == "serve":
+            try:
+                return serve(args)
+            except STARTUP_ERRORS as exc:
+                parser.exit(2, f"checkpointd serve: error: {exc}\n")
+            except KeyboardInterrupt:
+                # Before the signal handlers are in place: start-up is cut short, no call was served.
+                print("checkpointd serve: interrupted while starting", file=sys.stderr)
+                return INTERRUPTED_EXIT
+        return args.run(args)
+    except Interrupted as interrupted:
+        print(f"checkpointd: {interrupted}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    except KeyboardInterrupt:
+        print(f"checkpointd: {NOTHING_CHANGED}", file=sys.stderr)
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

@@ -1,27 +1,8 @@
-"""Defaults shared by the server and the human CLI, so both agree on where to meet."""
+"""Defaults shared by the server and the human CLI, so both agree on where to meet (kept in the
+client package, whose Checkpointd() finds the server the same way)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from checkpointd_client.targets import DEFAULT_TCP, SOCKET_NAME, default_data_dir, default_target
 
-DEFAULT_TCP = "127.0.0.1:50051"
-SOCKET_NAME = "checkpointd.sock"
-
-
-def default_data_dir() -> Path:
-    """CHECKPOINTD_DATA_DIR, else $XDG_DATA_HOME/checkpointd, else ~/.local/share/checkpointd."""
-    configured = os.environ.get("CHECKPOINTD_DATA_DIR")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "checkpointd"
-
-
-def default_target() -> str:
-    """CHECKPOINTD_TARGET, else the default unix socket if it exists, else 127.0.0.1:50051."""
-    configured = os.environ.get("CHECKPOINTD_TARGET")
-    if configured:
-        return configured
-    socket_path = default_data_dir().expanduser().resolve() / SOCKET_NAME
-    return f"unix://{socket_path}" if socket_path.exists() else DEFAULT_TCP
+__all__ = ["DEFAULT_TCP", "SOCKET_NAME", "default_data_dir", "default_target"]

@@ -3,7 +3,9 @@ whether a listener needs authentication, and TLS/mTLS server credentials."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,55 @@ def parse_listen(address: str) -> Listener:
             raise ListenerError(f"unix listen address must be unix:///absolute/path, got {address!r}")
         return Listener(unix_path=path)
     return parse_tcp(address)
+
+
+def _held_elsewhere(listener: Listener) -> str:
+    if listener.is_unix:
+        return (f"another server is listening on unix socket {listener.unix_path}: stop it, or give this server "
+                "another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
+    return (f"cannot listen on {listener.grpc_address}: another process is already listening there (a checkpointd "
+            f"started earlier? `checkpointd health --target {listener.grpc_address}` asks it). Stop it, or give "
+            "this server another address with --listen HOST:PORT (env CHECKPOINTD_LISTEN)")
+
+
+def check_address_free(listener: Listener) -> None:
+    """Refuses, before the server touches its data dir, an address that another process holds.
+
+    A TCP address is bound once and let go (with SO_REUSEADDR, as gRPC binds, so connections
+    still closing do not count); a unix socket is free unless something answers on it (a
+    stale file is replaced later). gRPC itself binds a moment later: a process that takes the
+    address in between makes that bind fail, which the server reports too (ListenerError)."""
+    if listener.is_unix:
+        if not os.path.exists(listener.unix_path):
+            return
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(listener.unix_path)
+            except OSError:
+                return
+        raise ListenerError(_held_elsewhere(listener))
+    if listener.port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(listener.host, listener.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ListenerError(f"cannot listen on {listener.grpc_address}: {listener.host!r} does not resolve "
+                            f"({exc.strerror}); give an address with --listen HOST:PORT") from None
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                probe.bind(address)
+                probe.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ListenerError(_held_elsewhere(listener)) from None
+                if exc.errno == errno.EACCES:
+                    raise ListenerError(f"cannot listen on {listener.grpc_address}: permission denied (ports below "
+                                        "1024 need privileges); pick another with --listen HOST:PORT") from None
+                # Anything else (an address family this host lacks...) is left to gRPC to judge.
 
 
 def is_loopback(host: str) -> bool:

@@ -68,39 +68,42 @@ def add_operations_options(serve: argparse.ArgumentParser) -> None:
     listeners.add_argument(
         "--socket-mode", type=_octal_mode, default=_env("SOCKET_MODE", "0660"), metavar="MODE",
         help="permission bits of unix sockets, octal (the socket is created owner-only, then set to this). "
-             "Env CHECKPOINTD_SOCKET_MODE")
+             "Env CHECKPOINTD_SOCKET_MODE. Default: 0660")
     listeners.add_argument(
         "--token-file", type=Path, default=_env("TOKEN_FILE") or None, metavar="FILE",
         help="require 'authorization: Bearer <token>' on every call, the token being this file's content "
-             "(re-read when it changes). Env CHECKPOINTD_TOKEN_FILE, or the token itself in CHECKPOINTD_TOKEN")
+             "(re-read when it changes). Env CHECKPOINTD_TOKEN_FILE, or the token itself in CHECKPOINTD_TOKEN. "
+             "Default: none (calls need no token)")
     listeners.add_argument(
         "--auth-exempt", type=_open_services, default=_env("AUTH_EXEMPT", "health"),
         metavar="SERVICES",
         help="services reachable without the token: comma-separated from health, reflection; or none. "
-             "Env CHECKPOINTD_AUTH_EXEMPT. Health is open by default so kubelet and Docker probes work")
+             "Env CHECKPOINTD_AUTH_EXEMPT. Default: health, so that kubelet and Docker probes work")
     listeners.add_argument("--tls-cert", type=Path, default=_env("TLS_CERT") or None, metavar="PEM",
-                           help="serve TCP listeners over TLS with this certificate chain. Env CHECKPOINTD_TLS_CERT")
+                           help="serve TCP listeners over TLS with this certificate chain. Env CHECKPOINTD_TLS_CERT. "
+                                "Default: none (plaintext)")
     listeners.add_argument("--tls-key", type=Path, default=_env("TLS_KEY") or None, metavar="PEM",
-                           help="private key of --tls-cert. Env CHECKPOINTD_TLS_KEY")
+                           help="private key of --tls-cert. Env CHECKPOINTD_TLS_KEY. Default: none")
     listeners.add_argument(
         "--tls-client-ca", type=Path, default=_env("TLS_CLIENT_CA") or None, metavar="PEM",
-        help="require client certificates signed by this CA (mutual TLS). Env CHECKPOINTD_TLS_CLIENT_CA")
+        help="require client certificates signed by this CA (mutual TLS). Env CHECKPOINTD_TLS_CLIENT_CA. "
+             "Default: none (no client certificates asked for)")
     listeners.add_argument(
         "--allow-unauthenticated-remote", action="store_true", default=_env_flag("ALLOW_UNAUTHENTICATED_REMOTE"),
         help="let a TCP listener that is not on loopback start without a token or client certificates "
-             "(only on a network you trust). Env CHECKPOINTD_ALLOW_UNAUTHENTICATED_REMOTE=1")
+             "(only on a network you trust). Env CHECKPOINTD_ALLOW_UNAUTHENTICATED_REMOTE=1. Default: off")
     ops = serve.add_argument_group("observability and maintenance")
     ops.add_argument("--metrics-listen", default=_env("METRICS_LISTEN"), metavar="HOST:PORT",
-                     help="serve Prometheus metrics at http://HOST:PORT/metrics (empty: off). "
-                          "Env CHECKPOINTD_METRICS_LISTEN")
+                     help="serve Prometheus metrics at http://HOST:PORT/metrics. Env CHECKPOINTD_METRICS_LISTEN. "
+                          "Default: none (no metrics endpoint)")
     ops.add_argument("--log-format", choices=[f.value for f in LogFormat], default=_env("LOG_FORMAT", "text"),
                      help="text, or JSON lines carrying plan_id, checkpoint_id and request_id. "
-                          "Env CHECKPOINTD_LOG_FORMAT")
+                          "Env CHECKPOINTD_LOG_FORMAT. Default: text")
     ops.add_argument(
         "--gc-interval", type=_seconds, default=_env("GC_INTERVAL", "0"), metavar="SECONDS",
         help="apply retention (core.retention.* config keys) and collect unreferenced content every SECONDS; "
              "0 disables. With the disk store this server must then be the only one on its data dir. "
-             "Env CHECKPOINTD_GC_INTERVAL")
+             "Env CHECKPOINTD_GC_INTERVAL. Default: 0 (off)")
 
 
 def _token(args: argparse.Namespace) -> TokenSource | None:

@@ -45,7 +45,14 @@ from checkpointd.core.db import Database
 from checkpointd.core.db_store import StoreKind, open_store
 from checkpointd.core.retention import Maintenance, MaintenanceReport
 from checkpointd.datadir_lock import DataDirLock, ServingLock
-from checkpointd.listeners import Listener, ListenerError, TlsFiles, is_loopback, parse_listen
+from checkpointd.listeners import (
+    Listener,
+    ListenerError,
+    TlsFiles,
+    check_address_free,
+    is_loopback,
+    parse_listen,
+)
 
 log = logging.getLogger("checkpointd")
 T = TypeVar("T")
@@ -105,7 +112,8 @@ def _prepare_unix_socket(path: str) -> None:
     except OSError:
         os.unlink(path)
     else:
-        raise ListenerError(f"another server is listening on unix socket {path}")
+        raise ListenerError(f"another server is listening on unix socket {path}: stop it, or give this server "
+                            "another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
     finally:
         probe.close()
 
@@ -140,6 +148,9 @@ class CheckpointdServer:
         check_listener_security(listeners, settings)
         if not 0 <= settings.socket_mode <= 0o777:
             raise ListenerError(f"socket mode {settings.socket_mode:o} is not a permission mode")
+        # Before anything is created: a busy address must not leave a new database behind.
+        for listener in listeners:
+            check_address_free(listener)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.db = Database(settings.database_url)
         self._serving_lock = ServingLock(Path(self.db.sqlite_path)).acquire() if self.db.sqlite_path else None
@@ -225,12 +236,16 @@ class CheckpointdServer:
             self._unix_paths.append(path)
             return f"unix://{path}"
         address = listener.grpc_address
-        if self.settings.tls is not None:
-            port = self.server.add_secure_port(address, self.settings.tls.server_credentials())
-        else:
-            port = self.server.add_insecure_port(address)
+        try:
+            if self.settings.tls is not None:
+                port = self.server.add_secure_port(address, self.settings.tls.server_credentials())
+            else:
+                port = self.server.add_insecure_port(address)
+        except RuntimeError:  # grpc's "Failed to bind": taken since check_address_free looked
+            port = 0
         if port == 0:
-            raise ListenerError(f"cannot listen on {address}")
+            raise ListenerError(f"cannot listen on {address}: the address is taken or unusable; pick another with "
+                                "--listen HOST:PORT (env CHECKPOINTD_LISTEN)")
         return f"{listener.display_host}:{port}"
 
     def start(self) -> None:

@@ -1,17 +1,18 @@
-"""The adoption example in clients/python/README.md runs as written against the real server."""
+"""The adoption example, in the main README and in clients/python/README.md, runs as written
+against a server started as `make run` starts one (tests.readme_blocks): its Checkpointd() finds
+that server by itself."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from checkpointd_client import phase_name
+from checkpointd_client import new_plan_id, phase_name
+from tests.readme_blocks import readme_block
 
-README = Path(__file__).resolve().parents[2] / "clients" / "python" / "README.md"
-EXAMPLE_TARGET = "unix:///run/checkpointd/checkpointd.sock"
+EXAMPLES = [("README.md", "python-wiring"), ("clients/python/README.md", "adoption")]
 
 
 @dataclass
@@ -37,22 +38,26 @@ class Crash(Exception):
     """What the example's failing actor raises."""
 
 
-def _example() -> str:
-    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    return block
+@pytest.mark.parametrize("readme, name", EXAMPLES)
+def test_the_example_stays_under_twenty_lines(readme: str, name: str) -> None:
+    assert len(readme_block(readme, name).strip().splitlines()) < 20
 
 
-def test_the_example_stays_under_twenty_lines() -> None:
-    assert len(_example().strip().splitlines()) < 20
+def test_both_readmes_show_the_same_example() -> None:
+    assert len({readme_block(readme, name) for readme, name in EXAMPLES}) == 1
 
 
-def test_the_readme_example_checkpoints_a_plan(checkpointd_server, workspace: Path, plan_id: str, new_plan_id) -> None:
-    source = _example()
-    assert EXAMPLE_TARGET in source
+@pytest.mark.parametrize("readme, name", EXAMPLES)
+def test_the_readme_example_checkpoints_a_plan(checkout, monkeypatch, readme: str, name: str) -> None:
+    for variable, value in checkout.environment().items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.delenv("CHECKPOINTD_TARGET", raising=False)
     namespace: dict[str, object] = {}
-    exec(compile(source.replace(EXAMPLE_TARGET, checkpointd_server.unix_target), str(README), "exec"), namespace)
+    exec(compile(readme_block(readme, name), readme, "exec"), namespace)
     checkpointd = namespace["checkpointd"]
-    plan = Plan(plan_id, workspace)
+    assert checkpointd.target == checkout.unix_target, "Checkpointd() did not find make run's socket"
+    workspace = checkout.new_workspace()
+    plan = Plan(new_plan_id(), workspace)
     (workspace / "notes.txt").write_text("before")
     child = new_plan_id()
 
@@ -65,7 +70,7 @@ def test_the_readme_example_checkpoints_a_plan(checkpointd_server, workspace: Pa
         with pytest.raises(Crash):
             namespace["execute"](plan, failing_actor)
 
-        checkpoints = list(reversed(checkpointd.checkpoints.list_checkpoints(plan_id)))
+        checkpoints = list(reversed(checkpointd.checkpoints.list_checkpoints(plan.id)))
         assert [phase_name(c.phase) for c in checkpoints] == [
             "before_tool_execute",
             "after_tool_execute",
@@ -73,7 +78,7 @@ def test_the_readme_example_checkpoints_a_plan(checkpointd_server, workspace: Pa
             "on_error",
         ]
         assert checkpoints[2].labels["child_plan_id"] == child
-        checkpointd.checkpoints.rollback(plan_id, checkpoints[0].checkpoint_id)
+        checkpointd.checkpoints.rollback(plan.id, checkpoints[0].checkpoint_id)
         assert (workspace / "notes.txt").read_text() == "before"
     finally:
         checkpointd.close()

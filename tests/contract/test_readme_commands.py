@@ -1,27 +1,20 @@
-"""The README's "Debugging with grpcurl" walk-through and its Node example ("Other languages"),
-run verbatim against a real server.
-
-Only the two address lines (ADDR=, SOCK=) of the walk-through, and CHECKPOINTD_ADDR for the Node
-example, point at the test's server; everything else runs as written, from a directory that looks
-like the repository root (it links .venv and clients) and lies under the server's allowed
-workspace root.
-"""
+"""The README's "Debugging with grpcurl" walk-through and the Node examples (the README's
+ToolRunner script and clients/node/README.md's), run as written in a checkout with a server started
+as `make run` starts one (tests.readme_blocks): the default address is the only thing replaced."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import skip_unless_ci
+from tests.readme_blocks import readme_block
 
 from . import readme_commands
 
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "Debugging with grpcurl"
-OTHER_LANGUAGES = "Other languages"
 BUF = REPO / "clients" / "node" / "node_modules" / ".bin" / "buf"
 RPCS = [
     "checkpoint.v1.CheckpointService/CreateCheckpoint",
@@ -44,33 +37,21 @@ EXPECTED_FAILURES = [
 ]
 
 
-def readme_section(heading: str) -> str:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    try:
-        return readme_commands.section(readme, heading)
-    except LookupError:
-        pytest.fail(f"README.md lacks the '## {heading}' section (its text is in the issue 5 report)")
-
-
-def looks_like_the_repository(server) -> Path:
-    """A fresh directory under the server's allowed root, linking the repository's .venv and clients."""
-    cwd = server.new_workspace()
-    (cwd / ".venv").symlink_to(REPO / ".venv")
-    (cwd / "clients").symlink_to(REPO / "clients")
-    return cwd
-
-
 def require_node_modules() -> None:
     if not BUF.exists():
         skip_unless_ci(f"{BUF.parent.parent} missing: run `npm ci` in clients/node")
 
 
+def run_node(checkout, script: str, name: str) -> subprocess.CompletedProcess:
+    """Saves the example in the checkout's root and runs it there with node, as its README says."""
+    (checkout.root / name).write_text(checkout.adapt(script), encoding="utf-8")
+    return subprocess.run(["node", name], cwd=checkout.root, env=checkout.environment(), capture_output=True,
+                          text=True, timeout=120)
+
+
 @pytest.fixture(scope="module")
 def walkthrough() -> list[str]:
-    text = readme_section(SECTION)
-    blocks = readme_commands.shell_blocks(text)
-    assert blocks, f"the '{SECTION}' section has no ```sh block"
-    return [command for block in blocks for command in readme_commands.commands(block)]
+    return readme_commands.commands(readme_block("README.md", "debugging"))
 
 
 def test_walkthrough_calls_every_rpc_over_tcp_and_the_unix_socket(walkthrough):
@@ -84,15 +65,9 @@ def test_walkthrough_calls_every_rpc_over_tcp_and_the_unix_socket(walkthrough):
         assert any(needle in c for c in walkthrough), f"the README no longer runs {needle!r}"
 
 
-def test_walkthrough_runs_verbatim(walkthrough, fresh_server):
+def test_walkthrough_runs_verbatim(walkthrough, checkout):
     require_node_modules()
-    cwd = looks_like_the_repository(fresh_server)
-
-    results = readme_commands.run(
-        walkthrough,
-        cwd,
-        {"ADDR": fresh_server.tcp_target, "SOCK": str(fresh_server.socket_path)},
-    )
+    results = readme_commands.run([checkout.adapt(c) for c in walkthrough], checkout.root, checkout.environment())
 
     for result in results:
         expected = next((e for e in EXPECTED_FAILURES if e[0] in result.command), None)
@@ -109,20 +84,14 @@ def test_walkthrough_runs_verbatim(walkthrough, fresh_server):
     assert restored == "first draft", "the rollback did not restore demo/grpcurl"
     filtered = next(r for r in results if "labels.step" in r.command)
     assert '"step": "draft"' in filtered.output, filtered.output
-    assert not (cwd / "demo" / "grpcurl" / "scratch.txt").exists()
+    assert not (checkout.root / "demo" / "grpcurl" / "scratch.txt").exists()
+    over_the_socket = next(r for r in results if r.command.startswith("grpcurl -plaintext -unix $SOCK list"))
+    assert "checkpoint.v1.CheckpointService" in over_the_socket.output, "SOCK is not make run's socket"
 
 
-def test_node_example_runs_verbatim(fresh_server):
+def test_node_tool_runner_example_runs_as_written(checkout):
     require_node_modules()
-    blocks = readme_commands.fenced_blocks(readme_section(OTHER_LANGUAGES), "js|javascript")
-    assert len(blocks) == 1, f"expected one ```js example under '## {OTHER_LANGUAGES}', found {len(blocks)}"
-    cwd = looks_like_the_repository(fresh_server)
-    (cwd / "try-checkpointd.js").write_text(blocks[0], encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKPOINTD_")}
-    env["CHECKPOINTD_ADDR"] = fresh_server.tcp_target
-    result = subprocess.run(
-        ["node", "try-checkpointd.js"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    result = run_node(checkout, readme_block("README.md", "node-tool-runner"), "try-checkpointd.js")
     report = f"[exit {result.returncode}]\n{result.stdout}{result.stderr}"
     assert result.returncode == 0, report
     lines = result.stdout.splitlines()
@@ -134,4 +103,17 @@ def test_node_example_runs_verbatim(fresh_server):
     ], report
     assert "notes.md: v1" in lines, report
     assert "NOT_FOUND CHECKPOINT_NOT_FOUND" in lines, report
-    assert (cwd / "demo" / "node" / "notes.md").read_text() == "v1"
+    assert (checkout.root / "demo" / "node" / "notes.md").read_text() == "v1"
+    again = run_node(checkout, readme_block("README.md", "node-tool-runner"), "try-checkpointd.js")
+    assert again.returncode == 0 and again.stdout.splitlines()[:4] == lines[:4], "a second run is not a new plan"
+
+
+def test_node_client_readme_example_runs_as_written(checkout):
+    require_node_modules()
+    result = run_node(checkout, readme_block("clients/node/README.md", "node-client"), "try-node-client.js")
+    report = f"[exit {result.returncode}]\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, report
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("draft checkpoints: [ '") and "notes.md: draft" in lines, report
+    assert lines[-1] == "checkpoints: 4", report
+    assert (checkout.root / "demo" / "node-client" / "notes.md").read_text() == "hi"

@@ -117,5 +117,7 @@ def test_a_second_server_on_a_live_socket_refuses_to_start(checkpointd_server, t
     result = subprocess.run([CHECKPOINTD, "serve", "--listen", checkpointd_server.unix_target,
                              "--data-dir", str(tmp_path / "d"), "--workspace-root", str(tmp_path)],
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode != 0
-    assert "another server is listening" in result.stderr
+    assert result.returncode == 2
+    assert f"another server is listening on unix socket {checkpointd_server.socket_path}" in result.stderr
+    assert "--listen unix:///PATH" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "d").exists(), "a server that cannot listen created its data dir (and database)"

@@ -16,19 +16,17 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.conftest import CHECKPOINTD
-from tests.contract.readme_commands import fenced_blocks, section
 from tests.mcp.conftest import HERE
 from tests.mcp.proxy_host import checkpoints_of, text_of, timeline
+from tests.readme_blocks import readme_block
 
 pytestmark = pytest.mark.anyio
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE_WORKSPACE = "/home/me/project"
 
 
 def readme_host_config() -> dict:
-    (block,) = fenced_blocks(section(README.read_text(encoding="utf-8"), "Use with any MCP host"), "json")
-    return json.loads(block)
+    return json.loads(readme_block("README.md", "mcp-host-config"))
 
 
 async def test_the_readme_host_configuration_checkpoints_a_write(

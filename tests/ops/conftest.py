@@ -107,10 +107,10 @@ def ops_server(short_tmp: Path, suite_databases: PostgresDatabases | None) -> It
 
 
 def run_cli(*args: str, stdin: str = "", env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
+            timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`checkpointd ARGS` as a user would run it, output captured as text."""
     return subprocess.run([CHECKPOINTD, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "250", **(env or {})})
+                          env={**os.environ, "COLUMNS": "250", **(env or {})}, cwd=cwd)
 
 
 def server_exit(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

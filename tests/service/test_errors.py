@@ -60,6 +60,35 @@ def test_create_checkpoint_requires_a_plan_id(checkpoint_stub):
     assert info.metadata["field"] == "plan_id"
 
 
+@pytest.mark.parametrize("value, problem", [
+    ("my-plan", "it is 7 characters long; a ULID has 26"),
+    ("01ARZ3NDEKTSV4RRFFQ69G5FAI", "characters outside Crockford base32: 'I' (a ULID uses the digits and the letters "
+                                   "A-Z except I, L, O and U)"),
+    ("01ARZ3NDEKTSV4RRFFQ69G5F-u", "characters outside Crockford base32: '-', 'u'"),
+    ("81ARZ3NDEKTSV4RRFFQ69G5FA1", "starts with '8', so it overflows 128 bits: a ULID's first character is 0-7"),
+])
+def test_a_refused_plan_id_names_its_problem_and_how_to_make_one(checkpoint_stub, value, problem):
+    with pytest.raises(grpc.RpcError) as caught:
+        checkpoint_stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=value))
+    assert error_info(caught.value).reason == "INVALID_PLAN_ID"
+    assert error_info(caught.value).metadata["value"] == value
+    message = caught.value.details()
+    assert message.startswith(f"plan_id {value!r} is not a ULID: ") and problem in message, message
+    assert "`checkpointd new-plan-id`" in message and "new_plan_id()" in message, message
+
+
+def test_a_refused_workspace_root_names_the_allowed_roots_and_how_to_add_one(checkpoint_stub, checkpointd_server):
+    with pytest.raises(grpc.RpcError) as caught:
+        checkpoint_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=str(ULID()), workspace_root="/etc"))
+    info = error_info(caught.value)
+    assert (caught.value.code(), info.reason) == (grpc.StatusCode.PERMISSION_DENIED, "WORKSPACE_ROOT_NOT_ALLOWED")
+    allowed = os.path.realpath(checkpointd_server.allowed_root)
+    assert info.metadata["allowed_workspace_roots"] == allowed
+    message = caught.value.details()
+    assert f"allowed: {allowed}" in message and "--workspace-root" in message, message
+    assert "CHECKPOINTD_WORKSPACE_ROOT" in message, message
+
+
 def test_workspace_root_outside_allow_list_via_symlink_is_denied(checkpoint_stub, workspace, plan_id):
     os.symlink("/etc", workspace / "etc-link")
     expect(grpc.StatusCode.PERMISSION_DENIED, "WORKSPACE_ROOT_NOT_ALLOWED", checkpoint_stub.CreateCheckpoint,

@@ -4,6 +4,7 @@
 const { CheckpointdClient, ConfigWatch } = require('./client');
 const { AUTO_TRIGGERS, loadContract } = require('./contract');
 const { CheckpointUnavailableError, CheckpointdError } = require('./errors');
+const { newPlanId } = require('./ids');
 const { registerLocalFileTools } = require('./local_tools');
 const { ToolCheckpointInterceptor, ToolRunner, TriggerPolicy } = require('./tool_runner');
 const { fromValue, timestampToDate, toValue } = require('./values');
@@ -22,6 +23,7 @@ module.exports = {
   ToolRunner,
   TriggerPolicy,
   fromValue,
+  newPlanId,
   registerLocalFileTools,
   timestampToDate,
   toValue,

@@ -24,6 +24,7 @@ from checkpointd_client.errors import (
     InvalidConfigValueError,
     UnknownTriggerError,
 )
+from checkpointd_client.ids import new_plan_id
 from checkpointd_client.interceptors import (
     AutoCheckpointer,
     ExecutePhase,
@@ -42,6 +43,7 @@ from checkpointd_client.policy import (
     SettingsSource,
     TriggerPolicy,
 )
+from checkpointd_client.targets import default_target
 from checkpointd_client.vocabulary import AutoTrigger, ConfigKey, OnUnavailable, phase_name, trigger_name
 from checkpointd_client.wiring import Checkpointd
 
@@ -76,7 +78,9 @@ __all__ = [
     "TriggerPolicy",
     "UnknownTriggerError",
     "declares_read_only",
+    "default_target",
     "from_value",
+    "new_plan_id",
     "new_request_id",
     "open_channel",
     "phase_name",

@@ -14,13 +14,16 @@ from checkpointd_client.interceptors import (
     ToolCheckpointInterceptor,
 )
 from checkpointd_client.policy import CheckpointConfigWatcher, TriggerPolicy
+from checkpointd_client.targets import default_target
 from checkpointd_client.vocabulary import AutoTrigger
 
 
 class Checkpointd:
     """A connection to checkpointd plus the config watcher every interceptor made here shares.
 
-    `target` is "host:port" or "unix:///absolute/path". With `watch_config=False` the server's
+    `target` is "host:port" or "unix:///absolute/path"; by default CHECKPOINTD_TARGET, else the
+    unix socket a local `checkpointd serve` (or `make run`) makes in its default data dir, else
+    127.0.0.1:50051, as for the `checkpointd` command. With `watch_config=False` the server's
     settings are never read and the registry defaults apply (useful for plain client use).
     With `settings_in_background=True` they are read in the background, so constructing this never
     waits on checkpointd; a checkpoint asked for meanwhile waits for them within its own deadline
@@ -31,7 +34,7 @@ class Checkpointd:
 
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -41,7 +44,7 @@ class Checkpointd:
         settings_in_background: bool = False,
         plan_id: str = "",
     ) -> None:
-        self.target = target
+        self.target = target = target or default_target()
         self.channel = open_channel(target, credentials=credentials, server_name=server_name)
         self.checkpoints = CheckpointClient(self.channel, deadline_s=deadline_s, token=token)
         self.config = ConfigClient(self.channel, deadline_s=deadline_s, token=token)

@@ -18,6 +18,9 @@ from checkpointd.defaults import default_data_dir
 LONG_TIMEOUT_S = 600.0
 SHORT_TIMEOUT_S = 30.0
 SCOPES = ("files", "state", "files_and_state")
+#: What a rollback restores unless told otherwise: what the contract's ROLLBACK_SCOPE_UNSPECIFIED
+#: means, and the default of the Python and Node clients too.
+DEFAULT_SCOPE = "files_and_state"
 
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
@@ -58,6 +61,14 @@ def _client_command(commands, name: str, help_text: str, module: str, function: 
     _connection_options(parser, timeout)
     parser.set_defaults(run=_lazy(module, function))
     return parser
+
+
+def local_directory(text: str) -> str:
+    """A --workspace-root as the server must receive it: a relative path (or ~) is resolved here,
+    against this shell's directory; an absolute one is sent as given, for the server to resolve
+    in its own view of the file system."""
+    expanded = os.path.expanduser(text)
+    return expanded if os.path.isabs(expanded) else os.path.realpath(expanded)
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -123,8 +134,9 @@ def register_commands(commands) -> None:
                                "checkpoints", "rollback", LONG_TIMEOUT_S)
     rollback.add_argument("plan_id", metavar="PLAN_ID")
     rollback.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
-    rollback.add_argument("--scope", choices=SCOPES, default="files",
-                          help="what to restore (default: files; the state is returned, see --state-out)")
+    rollback.add_argument("--scope", choices=SCOPES, default=DEFAULT_SCOPE,
+                          help=f"what to restore: the workspace files, the plan state (returned, see --state-out) "
+                               f"or both (default: {DEFAULT_SCOPE}, as in the clients)")
     rollback.add_argument("--path", action="append", default=[], metavar="PATH", help="only these paths (repeatable)")
     rollback.add_argument("--state-out", type=Path, default=None, metavar="FILE",
                           help="write the restored plan state here (scopes state, files_and_state)")
@@ -133,8 +145,9 @@ def register_commands(commands) -> None:
     create = _client_command(commands, "create", "record a manual checkpoint now", "checkpoints", "create",
                              LONG_TIMEOUT_S)
     create.add_argument("plan_id", metavar="PLAN_ID")
-    create.add_argument("--workspace-root", default=None, metavar="DIR",
-                        help="the plan's workspace (needed on its first checkpoint)")
+    create.add_argument("--workspace-root", type=local_directory, default=None, metavar="DIR",
+                        help="the plan's workspace (needed on its first checkpoint); a relative path is resolved "
+                             "against the current directory")
     create.add_argument("--label", action="append", type=_label, default=[], metavar="KEY=VALUE")
     create.add_argument("--pin", action="store_true", help="label it pinned=true: retention never prunes it")
     create.add_argument("--description", default="")
@@ -149,14 +162,22 @@ def register_commands(commands) -> None:
     verbs = config.add_subparsers(dest="config_command", required=True, metavar="VERB")
     for verb, help_text in (("ls", "list every key with its effective value"),
                             ("get", "show one key"),
-                            ("set", "set a key (VALUE is JSON; a bare word is a string)"),
+                            ("set", "set a key (VALUE is JSON, a bare word is a string; for a list-valued key "
+                                    "each word is an item)"),
                             ("clear", "remove the value set at this scope")):
         parser = _client_command(verbs, verb, help_text, "config", f"config_{verb}")
         parser.add_argument("--plan", default="", metavar="PLAN_ID", help="a plan's override instead of global")
         if verb != "ls":
             parser.add_argument("key", metavar="KEY")
         if verb == "set":
-            parser.add_argument("value", metavar="VALUE")
+            parser.add_argument("value", metavar="VALUE", nargs="+",
+                                help="e.g. 5000, refuse, '[\"a\",\"b\"]'; a list as words: "
+                                     "before_tool_execute on_error")
+
+    plan_id = commands.add_parser("new-plan-id", help="print a fresh plan id (a ULID)",
+                                  description="Print a fresh ULID to use as a new plan's id (checkpointd_client."
+                                              "new_plan_id() and the Node client's newPlanId() make the same).")
+    plan_id.set_defaults(run=_lazy("plan_ids", "new_plan_id"))
 
     health = commands.add_parser("health", help="check that a server is serving (exit 0) or not (exit 1)",
                                  description="Ask the gRPC health service; exit 0 when SERVING. Used by the "

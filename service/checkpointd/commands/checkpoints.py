@@ -7,15 +7,14 @@ import base64
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
-from functools import wraps
+from collections.abc import Iterator
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd.commands import render
-from checkpointd.commands.connection import ConnectionOptionsError, connect
-from checkpointd_client import CheckpointdRpcError
+from checkpointd.commands.connection import connect
+from checkpointd.commands.failures import on_interrupt, reports_errors
 
 _SCOPES = {
     "files": pb.ROLLBACK_SCOPE_FILES,
@@ -24,27 +23,14 @@ _SCOPES = {
 }
 
 
-def reports_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Failed calls become one line on stderr and exit status 1, not a traceback."""
-
-    @wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except CheckpointdRpcError as error:
-            render.err.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
-            return 1
-        except (ConnectionOptionsError, OSError) as error:
-            render.err.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
-            return 1
-
-    return run
-
-
 def confirm(question: str) -> bool:
     """Asks on stderr, reads one line from stdin; anything but y/yes (or end of input) is no."""
-    render.err.print(f"{question} [y/N] ", end="", markup=False, highlight=False)
-    answer = sys.stdin.readline()
+    try:
+        render.err.print(f"{question} [y/N] ", end="", markup=False, highlight=False)
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        render.err.print()  # end the prompt's line before the command says it aborted
+        raise
     if not answer:
         render.err.print()
     return answer.strip().lower() in ("y", "yes")
@@ -126,14 +112,19 @@ def rollback(args: argparse.Namespace) -> int:
             preview = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path, dry_run=True)
         if not args.json:
             render.print_changes(f"rollback to {args.checkpoint_id} would make", list(preview.changes))
-            if args.scope != "files":
-                render.out.print(f"and return the checkpoint's plan state ({render.human_size(len(preview.state))})")
+            if args.scope != "files" and preview.state:
+                keep = f"written to {args.state_out}" if args.state_out else "--state-out FILE keeps it"
+                render.out.print(f"and return the checkpoint's plan state ({render.human_size(len(preview.state))}; "
+                                 f"{keep})", highlight=False)
         if not args.yes and not confirm(f"Roll plan {args.plan_id} back to {args.checkpoint_id}?"):
             render.err.print("rollback cancelled; nothing was changed")
             if args.json:
                 render.emit_json(_rollback_json(preview, None))
             return 1
-        with progress("Rolling back (a safety checkpoint is recorded first)"):
+        with on_interrupt(f"interrupted after the rollback was sent: the server finishes it (or completes or undoes "
+                          f"it from its journal), so it may have happened; `checkpointd ls {args.plan_id}` shows "
+                          "its safety checkpoint if it did"), \
+                progress("Rolling back (a safety checkpoint is recorded first)"):
             applied = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path)
     if args.state_out is not None and args.scope != "files":
         args.state_out.write_bytes(applied.state)
@@ -153,8 +144,10 @@ def create(args: argparse.Namespace) -> int:
     if args.pin:
         labels["pinned"] = "true"
     state = args.state_file.read_bytes() if args.state_file is not None else b""
-    with connect(args) as conn, progress(f"Recording a checkpoint of plan {args.plan_id} (a first snapshot of a "
-                                         "large workspace can take a while)"):
+    interrupted = (f"interrupted after the checkpoint was requested: it may still be recorded "
+                   f"(`checkpointd ls {args.plan_id}` shows it)")
+    with connect(args) as conn, on_interrupt(interrupted), progress(
+            f"Recording a checkpoint of plan {args.plan_id} (a first snapshot of a large workspace can take a while)"):
         cp = conn.checkpoints().create_checkpoint(args.plan_id, labels=labels, description=args.description,
                                                   state=state, workspace_root=args.workspace_root,
                                                   source_tool="checkpointd-cli")
@@ -170,7 +163,9 @@ def delete(args: argparse.Namespace) -> int:
     if not args.yes and not confirm(f"Delete checkpoint {args.checkpoint_id}?"):
         render.err.print("nothing was deleted")
         return 1
-    with connect(args) as conn:
+    interrupted = (f"interrupted after the delete was sent: the checkpoint may be gone "
+                   f"(`checkpointd show {args.checkpoint_id}` tells)")
+    with connect(args) as conn, on_interrupt(interrupted):
         conn.checkpoints().delete_checkpoint(args.checkpoint_id)
     if args.json:
         render.emit_json({"deleted": args.checkpoint_id})

@@ -78,6 +78,11 @@ class Connection:
         self.close()
 
 
+def target_of(args: argparse.Namespace) -> str:
+    """--target, else CHECKPOINTD_TARGET, else the default data dir's socket if it exists, else TCP."""
+    return args.target or default_target()
+
+
 def connect(args: argparse.Namespace) -> Connection:
-    target = args.target or default_target()
+    target = target_of(args)
     return Connection(target, _channel(args, target), token(args), args.timeout)

@@ -8,12 +8,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from checkpointd.commands import render
-from checkpointd.commands.checkpoints import reports_errors
 from checkpointd.commands.connection import connect
+from checkpointd.commands.failures import reports_errors, unreachable
+from checkpointd_client import CheckpointdRpcError
 
 
 @reports_errors
 def health(args: argparse.Namespace) -> int:
+    why = None
     with connect(args) as conn:
         metadata = (("authorization", f"Bearer {conn.token}"),) if conn.token else ()
         try:
@@ -22,8 +24,11 @@ def health(args: argparse.Namespace) -> int:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         except grpc.RpcError as error:
             status = error.code().name
+            why = unreachable(CheckpointdRpcError.from_grpc("Check", error), conn.target, args.timeout)
     if args.json:
         render.emit_json({"target": conn.target, "service": args.service, "status": status})
     else:
         render.out.print(f"{conn.target}: {status}", highlight=False)
+        if why:
+            render.error(why)
     return 0 if status == "SERVING" else 1

@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from checkpointd.commands import render
+from checkpointd.commands.failures import on_interrupt
 from checkpointd.core.checkpoints import Checkpoints, EngineSettings
 from checkpointd.core.config import ConfigStore
 from checkpointd.core.db import Database
@@ -53,7 +54,11 @@ def gc(args: argparse.Namespace) -> int:
             config = ConfigStore(db)
             checkpoints = Checkpoints(db, store, config, EngineSettings(data_dir, ()))
             maintenance = Maintenance(db, store, checkpoints.trees, config, checkpoints.delete)
-            report = maintenance.run(dry_run=args.dry_run)
+            interrupted = ("aborted, nothing changed" if args.dry_run else
+                           "interrupted: retention and collection may have done part of their work; "
+                           "run `checkpointd gc` again to finish")
+            with on_interrupt(interrupted):
+                report = maintenance.run(dry_run=args.dry_run)
     except (DataDirBusy, GcAborted) as exc:
         render.err.print(f"error: {exc}", highlight=False)
         return 1

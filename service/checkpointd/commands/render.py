@@ -22,7 +22,8 @@ from checkpointd_client import from_value, phase_name, trigger_name
 #: Piped output is not cut to 80 columns (ids would be cropped); COLUMNS still wins.
 _PIPE_WIDTH = 200
 out = Console(soft_wrap=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH)
-err = Console(stderr=True)
+#: Messages are not cut into 80-column lines: an error stays one line, for people and for grep.
+err = Console(stderr=True, soft_wrap=True)
 
 _CHANGE_STYLE = {
     pb.CHANGE_KIND_ADDED: ("added", "green"),
@@ -36,6 +37,11 @@ _ENTRY_TYPE = {
     pb.ENTRY_TYPE_SYMLINK: "symlink",
     pb.ENTRY_TYPE_DIRECTORY: "dir",
 }
+
+
+def error(message: str) -> None:
+    """One line on stderr, however long: "error: ..." (a message is never read as markup)."""
+    err.print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True, highlight=False)
 
 
 def emit_json(value: object) -> None:

@@ -319,9 +319,13 @@ class Checkpoints:
                                   workspace_root=raw[:512])
         real = os.path.realpath(raw)
         if not any(real == a or real.startswith(a.rstrip("/") + "/") for a in self._allowed):
+            allowed = os.pathsep.join(self._allowed)
             raise PermissionDenied(Reason.WORKSPACE_ROOT_NOT_ALLOWED,
-                                   f"workspace_root {raw!r} is outside the server's allowed workspace roots",
-                                   workspace_root=raw[:512])
+                                   f"workspace_root {raw[:512]!r} is outside the server's allowed workspace roots "
+                                   f"(allowed: {allowed}); to allow another, restart the server with one more "
+                                   f"--workspace-root DIR (or add it to CHECKPOINTD_WORKSPACE_ROOT, "
+                                   f"'{os.pathsep}'-separated)",
+                                   workspace_root=raw[:512], allowed_workspace_roots=allowed)
         if not os.path.isdir(real):
             raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, f"workspace_root {raw!r} is not a directory",
                                   workspace_root=raw[:512])

@@ -21,19 +21,39 @@ _REQUEST_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID}}}")
 _ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}")
 
 
-def ulid(value: str, field: str, reason: Reason, required: bool = True) -> str:
+ULID_LENGTH = 26
+CROCKFORD_BASE32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_CROCKFORD_LETTERS = frozenset(CROCKFORD_BASE32 + CROCKFORD_BASE32.lower())
+#: Where a refused plan_id's message sends the caller for a good one.
+PLAN_ID_HINT = "make one with `checkpointd new-plan-id`, new_plan_id() (Python) or newPlanId() (Node)"
+
+
+def ulid_problem(value: str) -> str:
+    """What is wrong with a value that is not a ULID, said so that the caller can fix it
+    (only called once the pattern has refused it, so one of the three is always true)."""
+    if len(value) != ULID_LENGTH:
+        return f"is {len(value)} character{'' if len(value) == 1 else 's'} long; a ULID has {ULID_LENGTH}"
+    outside = sorted({c for c in value if c not in _CROCKFORD_LETTERS})
+    if outside:
+        named = ", ".join(repr(c) for c in outside[:8]) + (", ..." if len(outside) > 8 else "")
+        return (f"has characters outside Crockford base32: {named} (a ULID uses the digits and the letters "
+                "A-Z except I, L, O and U)")
+    return f"starts with {value[0]!r}, so it overflows 128 bits: a ULID's first character is 0-7"
+
+
+def ulid(value: str, field: str, reason: Reason, required: bool = True, hint: str = "") -> str:
     if not value:
         if required:
             raise InvalidArgument(Reason.MISSING_FIELD, f"{field} is required", field=field)
         return value
     if not _ULID.fullmatch(value):
-        raise InvalidArgument(reason, f"{field} must be a 26-character ULID, got {value[:64]!r}",
-                              field=field, value=value[:64])
+        message = f"{field} {value[:64]!r} is not a ULID: it {ulid_problem(value)}"
+        raise InvalidArgument(reason, f"{message}; {hint}" if hint else message, field=field, value=value[:64])
     return value.upper()
 
 
 def plan_id(value: str, required: bool = True) -> str:
-    return ulid(value, "plan_id", Reason.INVALID_PLAN_ID, required)
+    return ulid(value, "plan_id", Reason.INVALID_PLAN_ID, required, hint=PLAN_ID_HINT)
 
 
 def checkpoint_id(value: str, field: str = "checkpoint_id", required: bool = True) -> str:

@@ -11,7 +11,7 @@ const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { setTimeout: sleep } = require('node:timers/promises');
-const { CheckpointdClient, CheckpointdError } = require('../../src');
+const { CheckpointdClient, CheckpointdError, newPlanId } = require('../../src');
 
 const REPO = path.resolve(__dirname, '..', '..', '..', '..');
 const CHECKPOINTD_BIN = process.env.CHECKPOINTD_BIN || path.join(REPO, '.venv', 'bin', 'checkpointd');
@@ -126,20 +126,7 @@ async function startServer() {
   }
 }
 
-const CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
-
-/** A fresh ULID (time + randomness), as plan ids must be. */
-function newUlid() {
-  let time = Date.now();
-  let head = '';
-  for (let i = 0; i < 10; i += 1) {
-    head = CROCKFORD[time % 32] + head;
-    time = Math.floor(time / 32);
-  }
-  const random = require('node:crypto').randomBytes(16);
-  let tail = '';
-  for (let i = 0; i < 16; i += 1) tail += CROCKFORD[random[i] % 32];
-  return head + tail;
-}
+/** Plan and checkpoint ids for the tests: the client's own generator. */
+const newUlid = newPlanId;
 
 module.exports = { CHECKPOINTD_BIN, CheckpointdServer, newUlid, startServer };

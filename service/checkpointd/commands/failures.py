@@ -1,0 +1,79 @@
+"""How the client commands fail: one line on stderr that says what to do, never a traceback.
+
+A call that never reached checkpointd says which target was tried and how to start a server or
+point at another; Ctrl-C says what it left behind (see ``on_interrupt``) and exits 130."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from functools import wraps
+
+import grpc
+
+from checkpointd.commands import render
+from checkpointd.commands.connection import ConnectionOptionsError, target_of
+from checkpointd_client import CheckpointdRpcError
+
+#: Exit status after Ctrl-C, as a shell reports a command killed by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
+#: What Ctrl-C means where no command said otherwise: nothing had been asked to change yet.
+NOTHING_CHANGED = "aborted, nothing changed"
+#: Causes the gRPC library names in its text when it could not reach the target, said plainly.
+_TRANSPORT_CAUSES = (
+    ("Connection refused", "connection refused"),
+    ("No such file or directory", "no socket at that path"),
+    ("Permission denied", "permission denied"),
+    ("handshake", "the TLS handshake failed: check --tls-ca, --tls-cert and --tls-key"),
+    ("DNS resolution failed", "the host name does not resolve"),
+)
+
+
+class Interrupted(Exception):
+    """Ctrl-C while a change was on its way to the server; the message says what may have happened."""
+
+
+@contextlib.contextmanager
+def on_interrupt(message: str) -> Iterator[None]:
+    """Within this block, Ctrl-C ends the command with ``message`` instead of 'nothing changed'."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(message) from None
+
+
+def unreachable(error: CheckpointdRpcError, target: str, timeout: float) -> str | None:
+    """The message for a call that never got an answer from checkpointd; None for any other failure."""
+    if error.reason:
+        return None  # checkpointd itself answered (e.g. SHUTTING_DOWN)
+    hint = ("start one with `make run` (in a checkout) or `checkpointd serve`, or point at yours with "
+            "--target HOST:PORT or --target unix:///PATH (env CHECKPOINTD_TARGET)")
+    if error.code is grpc.StatusCode.UNAVAILABLE:
+        cause = next((plain for marker, plain in _TRANSPORT_CAUSES if marker in error.message), "no answer")
+        return f"cannot reach checkpointd at {target} ({cause}): is it running? {hint}"
+    if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return (f"no answer from checkpointd at {target} within {timeout:g}s: a slow call needs a larger "
+                f"--timeout; if nothing is running there, {hint}")
+    return None
+
+
+def describe(error: CheckpointdRpcError, args: argparse.Namespace) -> str:
+    return unreachable(error, target_of(args), args.timeout) or str(error)
+
+
+def reports_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Failed calls become one line on stderr and exit status 1, not a traceback."""
+
+    @wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except CheckpointdRpcError as error:
+            render.error(describe(error, args))
+            return 1
+        except (ConnectionOptionsError, OSError) as error:
+            render.error(str(error))
+            return 1
+
+    return run
