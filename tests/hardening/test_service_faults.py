@@ -80,7 +80,11 @@ def test_a_slow_server_is_cut_off_at_the_client_deadline_and_nothing_is_recorded
     if on_unavailable is OnUnavailable.REFUSE:
         assert phases == [pb.PHASE_BEFORE_TOOL_EXECUTE, pb.PHASE_MANUAL]
     else:
-        assert phases == [pb.PHASE_BEFORE_TOOL_EXECUTE, pb.PHASE_AFTER_TOOL_EXECUTE, pb.PHASE_MANUAL]
+        # The after-checkpoint waits for the plan, which the slow before-checkpoint still holds; whether
+        # its deadline passes before it begins (then it is never recorded) or after (then it is, once)
+        # depends on the server's pace. Either way nothing is recorded twice.
+        assert phases in ([pb.PHASE_BEFORE_TOOL_EXECUTE, pb.PHASE_AFTER_TOOL_EXECUTE, pb.PHASE_MANUAL],
+                          [pb.PHASE_BEFORE_TOOL_EXECUTE, pb.PHASE_MANUAL])
 
 
 def test_a_few_unavailable_answers_are_retried_with_the_same_request_id(idle_server, caplog) -> None:
