@@ -50,6 +50,10 @@ class Point(enum.StrEnum):
     WORKSPACE_WRITE = "workspace.write"
     #: Rollback: every change is applied; the journal is not removed yet.
     ROLLBACK_APPLIED = "rollback.applied"
+    #: Pack compaction: the live records and carried tombstones are appended, not synced yet.
+    COMPACT_COPIED = "compact.copied"
+    #: Pack compaction: the copies are durable; the compacted pack is not removed yet.
+    COMPACT_SYNCED = "compact.synced"
 
 
 class FaultSpecError(ValueError):
