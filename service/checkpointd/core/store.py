@@ -680,6 +680,27 @@ class ContentStore:
     def iter_digests(self) -> Iterator[str]:
         yield from list(self._committed)
 
+    def damage(self) -> list[tuple[str, str]]:
+        """What is wrong with the store's bookkeeping, as (subject, detail): a pack file
+        shorter than the records indexed in it, or missing; a delta whose base is not stored.
+        Opening a store cuts torn tails off and drops deltas that do not resolve, so this finds
+        only what changed underneath a store since (or a defect of its own)."""
+        found = []
+        with self._pack_lock:
+            packs = list(self._packs)
+        for pack in packs:
+            try:
+                on_disk = os.stat(pack.path).st_size
+            except OSError as exc:
+                found.append((pack.path.name, f"cannot be read: {exc.strerror}"))
+                continue
+            if on_disk < pack.size:
+                found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {pack.size}"))
+        for digest, location in list(self._committed.items()):
+            if location.kind == _DELTA and location.base not in self._committed:
+                found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
+        return found
+
 
 @dataclass(frozen=True, slots=True)
 class _StagedFile(_Location):
