@@ -48,6 +48,7 @@ from checkpointd.core.index import StatIndex
 from checkpointd.core.journal import Goal, JournalEntry, RollbackJournal, new_temp_tag
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, utcnow
 from checkpointd.core.restore import ApplyInterrupted, Restorer
+from checkpointd.core.server_secrets import PAGE_TOKEN_KEY, shared_secret
 from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
 from checkpointd.core.tree import Change, Entry, EntryKind, Trees
@@ -251,6 +252,7 @@ class Checkpoints:
         self._plans: dict[str, KnownPlan] = {}
         self._plans_guard = threading.Lock()
         self._new_checkpoints = db.group_commit(self._write_checkpoints)
+        self.page_tokens = filtering.PageTokens(lambda: shared_secret(db, PAGE_TOKEN_KEY))
         self._locks: dict[str, _PlanLock] = {}
         self._locks_guard = threading.Lock()
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
@@ -669,7 +671,7 @@ class Checkpoints:
         plan_id = validation.plan_id(plan_id)
         size = filtering.page_size(page_size)
         wanted = filtering.parse_filter(filter_text)
-        before = filtering.decode_page_token(page_token, plan_id, filter_text)
+        before = self.page_tokens.check(page_token, plan_id, filter_text)
         query = select(CheckpointRow).where(CheckpointRow.plan_id == plan_id)
         if before is not None:
             query = query.where(CheckpointRow.sequence < before)
@@ -687,7 +689,7 @@ class Checkpoints:
         token = ""
         if len(rows) > size:
             rows = rows[:size]
-            token = filtering.encode_page_token(plan_id, filter_text, rows[-1].sequence)
+            token = self.page_tokens.issue(plan_id, filter_text, rows[-1].sequence)
         return [Checkpoint(r) for r in rows], token
 
     def count(self, plan_id: str) -> int:
