@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -15,6 +17,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from ulid import ULID
 
+from checkpoint.v1 import admin_service_pb2 as admin_pb
+from checkpoint.v1 import admin_service_pb2_grpc as admin_grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.core.journal import Goal, JournalEntry
@@ -209,3 +213,45 @@ def test_a_pack_cut_short_under_a_running_server_is_reported(populated) -> None:
     server.stop()
     offline = _cli(*_offline(server), "--json")
     assert offline.returncode == 1, "the records cut off were referenced"
+
+
+def test_fsck_through_a_server_that_deletes_and_collects_meanwhile_finds_nothing(idle_server) -> None:
+    """Checkpoints are created and deleted, and garbage collected every 50 ms, while the server
+    checks itself: a checkpoint deleted (and its objects collected) after the check read the
+    rows is not a finding, and every other one is checked."""
+    server = idle_server
+    server.extra_args = (*server.extra_args, "--gc-interval", "0.05")
+    server.start()
+    workspace = server.new_workspace()
+    plan_id = str(ULID())
+    stop = threading.Event()
+    churned = []
+
+    def churn() -> None:
+        rng = random.Random(4)
+        with grpc.insecure_channel(server.tcp_target) as channel:
+            stub = pb_grpc.CheckpointServiceStub(channel)
+            while not stop.is_set():
+                for name in ("a", "b", "c"):
+                    (workspace / f"{name}.bin").write_bytes(rng.randbytes(2000))
+                created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+                    plan_id=plan_id, workspace_root=str(workspace), state=rng.randbytes(100)), timeout=60).checkpoint
+                stub.DeleteCheckpoint(pb.DeleteCheckpointRequest(checkpoint_id=created.checkpoint_id), timeout=60)
+                churned.append(created.checkpoint_id)
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        with grpc.insecure_channel(server.tcp_target) as channel:
+            stub = admin_grpc.AdminServiceStub(channel)
+            checks = 0
+            deadline = time.monotonic() + 120
+            while (len(churned) < 30 or checks < 10) and time.monotonic() < deadline:
+                reply = stub.CheckIntegrity(admin_pb.CheckIntegrityRequest(verify_unreferenced_objects=True),
+                                            timeout=120)
+                assert reply.ok, list(reply.findings)
+                checks += 1
+    finally:
+        stop.set()
+        worker.join()
+    assert len(churned) >= 30 and checks >= 10, (len(churned), checks)

@@ -15,9 +15,9 @@ records which numbers were deleted. What is checked is what a lost or doubled al
 would leave: two checkpoints with one number, or one past the plan's counter.
 
 ``check`` runs inside a server on its live store: each checkpoint is verified while holding
-the GC fence (and only if its row still exists then), so garbage collection runs between two
-checkpoints' checks but never under one. ``check_data_dir`` opens a stopped server's data
-directory itself (see its docstring).
+the GC fence, so garbage collection runs between two checkpoints' checks but never under one;
+what is found missing of a checkpoint deleted since the rows were read is not reported.
+``check_data_dir`` opens a stopped server's data directory itself (see its docstring).
 """
 
 from __future__ import annotations
@@ -134,6 +134,11 @@ class _Verifier:
         self._fail(digest, FindingKind.MISSING_OBJECT, "referenced but not in the store")
         return False
 
+    def forget(self, problems: list[Problem]) -> None:
+        """Forgets what ``problems`` found of their objects (their checkpoint is gone)."""
+        for problem in problems:
+            self.bad.pop(problem.subject, None)
+
     def _passed(self, digest: str) -> None:
         if digest not in self.good:
             self.good.add(digest)
@@ -215,8 +220,9 @@ def check(db: Database, store, journal_directory: Path | None = None, full: bool
     report = FsckReport()
     verifier = _Verifier(store, report)
     with db.session() as session:
-        plans = {p.plan_id: p for p in session.exec(select(PlanRow)).all()}
+        # Rows first: a plan's counter only grows, so one read after a row is never behind it.
         rows = list(session.exec(select(CheckpointRow)).all())
+        plans = {p.plan_id: p for p in session.exec(select(PlanRow)).all()}
     report.plans = len(plans)
     report.checkpoints = len(rows)
     sequences: dict[tuple[str, int], str] = {}
@@ -235,16 +241,19 @@ def check(db: Database, store, journal_directory: Path | None = None, full: bool
         if other != subject:
             report.problems.append(Problem(FindingKind.SEQUENCE_CONFLICT, subject,
                                            f"shares sequence {row.sequence} with {other}"))
+        found_before = len(report.problems)
         with store.referencing():
-            # Deleted (and collected) since the rows were read: nothing to restore any more.
-            if not _row_still_exists(db, row.checkpoint_id):
-                continue
             if row.tree_digest and _DIGEST.fullmatch(row.tree_digest):
                 verifier.tree(row.tree_digest)
             if row.state_digest and _DIGEST.fullmatch(row.state_digest):
                 verifier.verify(row.state_digest)
-    for subject, detail in store.damage():
-        report.problems.append(Problem(FindingKind.DAMAGED_STORE, subject, detail))
+            if len(report.problems) > found_before and not _row_still_exists(db, row.checkpoint_id):
+                # Deleted (and collected) since the rows were read: nothing to restore any more.
+                verifier.forget(report.problems[found_before:])
+                del report.problems[found_before:]
+    with store.referencing():
+        for subject, detail in store.damage():
+            report.problems.append(Problem(FindingKind.DAMAGED_STORE, subject, detail))
     referenced = verifier.good | set(verifier.bad)
     for digest in store.iter_digests():
         if digest in referenced:

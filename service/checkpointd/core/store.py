@@ -689,13 +689,14 @@ class ContentStore:
         with self._pack_lock:
             packs = list(self._packs)
         for pack in packs:
+            indexed = pack.size  # read before the file's size: appends only move both forward
             try:
                 on_disk = os.stat(pack.path).st_size
             except OSError as exc:
                 found.append((pack.path.name, f"cannot be read: {exc.strerror}"))
                 continue
-            if on_disk < pack.size:
-                found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {pack.size}"))
+            if on_disk < indexed:
+                found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
         for digest, location in list(self._committed.items()):
             if location.kind == _DELTA and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
