@@ -8,8 +8,11 @@ PROTO_SOURCES := $(shell find protos -name '*.proto')
 NODE_DIR := clients/node
 NODE_INSTALLED := $(NODE_DIR)/node_modules/.installed
 BUF := $(NODE_DIR)/node_modules/.bin/buf
+# The reference MCP filesystem server (pinned) that tests/mcp wraps with `checkpointd mcp-proxy`.
+MCP_UPSTREAM_DIR := tests/mcp/upstream
+MCP_UPSTREAM_INSTALLED := $(MCP_UPSTREAM_DIR)/node_modules/.installed
 
-.PHONY: install proto run test test-slow lint bench clean
+.PHONY: install proto run test test-slow test-mutants mutants lint bench clean
 
 install: $(INSTALLED)
 
@@ -25,6 +28,10 @@ $(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund
 	touch $@
 
+$(MCP_UPSTREAM_INSTALLED): $(MCP_UPSTREAM_DIR)/package.json $(MCP_UPSTREAM_DIR)/package-lock.json
+	cd $(MCP_UPSTREAM_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
 proto: $(INSTALLED)
 	$(BIN)/python protos/generate.py
 	$(BIN)/python protos/apidoc.py
@@ -35,9 +42,10 @@ run: install
 # The core and interceptor suites run three ways: SQLite + disk store + file watcher (the
 # whole suite), PostgreSQL + database store, and with the file watcher off.
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
-CORE_SUITES := tests/service tests/clients tests/features
+CORE_SUITES := tests/service tests/clients tests/features tests/engine/test_unwatched_changes.py \
+	tests/hardening/test_gc_capture_races.py
 
-test: install $(NODE_INSTALLED)
+test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"
 	CHECKPOINTD_TEST_DB_URL=$(POSTGRES_URL) CHECKPOINTD_TEST_SERVER_ARGS="--store db" $(BIN)/pytest $(CORE_SUITES)
 	CHECKPOINTD_TEST_SERVER_ARGS="--watcher off" $(BIN)/pytest tests/service tests/e2e
@@ -47,6 +55,23 @@ test: install $(NODE_INSTALLED)
 test-slow: install
 	$(BIN)/pytest -m slow
 
+# The curated critical mutants (tests/mutation/critical.toml): fails if the suite misses any
+# of them or a patch no longer applies. About 5 minutes on 2 cores; CI runs it.
+test-mutants: install $(NODE_INSTALLED)
+	$(BIN)/python -m tests.mutation.critical
+
+# Mutation scores of the core modules with cosmic-ray (tests/mutation/README.md); hours, not
+# minutes: MUTANTS_ARGS="--module restore ignore" runs some. Reports land in build/mutation/.
+MUTANTS_VENV := .venv-mutants
+MUTANTS_ARGS ?=
+$(MUTANTS_VENV)/.installed:
+	test -x $(MUTANTS_VENV)/bin/python || $(PYTHON) -m venv $(MUTANTS_VENV)
+	$(MUTANTS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'cosmic-ray==8.7.0'
+	touch $@
+
+mutants: install $(NODE_INSTALLED) $(MUTANTS_VENV)/.installed
+	$(MUTANTS_VENV)/bin/python -m tests.mutation.modules $(MUTANTS_ARGS)
+
 lint: install $(NODE_INSTALLED)
 	$(BIN)/ruff check service clients/python tests protos/generate.py protos/apidoc.py
 	$(BUF) lint protos
@@ -54,11 +79,16 @@ lint: install $(NODE_INSTALLED)
 	$(BIN)/python protos/apidoc.py --check
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(MUTANTS_VENV)
 	find protos \( -name '*_pb2*.py*' -o -name '__init__.py' \) -delete
 
 # Side-by-side figures against a shadow-git baseline (tests/bench/README.md); BENCH_ARGS=--quick for a short run.
+# HISTORY_ARGS: e.g. a repository path or URL and --commits N; SCALE_ARGS=--million adds the 1M-file workspace.
 BENCH_ARGS ?= --sizes 1000,10000,100000 --repeat 5
+HISTORY_ARGS ?= --commits 200 --rollbacks 20
+SCALE_ARGS ?=
 bench: install
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+	$(BIN)/python -m tests.bench history $(HISTORY_ARGS)
+	$(BIN)/python -m tests.bench scale $(SCALE_ARGS)
 	$(BIN)/python tests/bench/bench_postgres.py

@@ -33,6 +33,7 @@ from sqlalchemy.engine import make_url
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2_grpc, config_service_pb2_grpc
+from tests.helpers import skip_unless_ci
 
 CHECKPOINTD = str(Path(sys.executable).with_name("checkpointd"))
 #: PostgreSQL server the whole suite runs on when set; SQLite files in each data dir otherwise.
@@ -210,10 +211,7 @@ def _postgres_or_skip(server_url: str) -> PostgresDatabases:
     problem = databases.reachable()
     if problem:
         databases.close()
-        message = f"PostgreSQL is not reachable at {databases.server_url.render_as_string()}: {problem}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI=true: the PostgreSQL tests must run)", pytrace=False)
-        pytest.skip(message)
+        skip_unless_ci(f"PostgreSQL is not reachable at {databases.server_url.render_as_string()}: {problem}")
     databases.sweep_orphans()
     return databases
 

@@ -1,5 +1,6 @@
 """The ``checkpointd`` command line: ``serve`` runs the server; ``ls``, ``show``, ``diff``,
-``rollback``, ``config`` and friends talk to a running one (see checkpointd.commands).
+``rollback``, ``config`` and friends talk to a running one, ``mcp-proxy`` checkpoints an MCP
+server's write tools (see checkpointd.commands).
 Every serve option can also come from a ``CHECKPOINTD_*`` environment variable; the flag wins."""
 
 from __future__ import annotations

@@ -1,5 +1,13 @@
-"""``python -m tests.bench``: runs the benchmark (see tests/bench/run.py for the flags)."""
+"""``python -m tests.bench [history|scale] ...``: runs the synthetic benchmark (run.py), or the
+real-history (history.py) or large-workspace (scale.py) scenario; ``--help`` on each."""
 
-from tests.bench.run import main
+import sys
 
-raise SystemExit(main())
+from tests.bench import history, run, scale
+
+SCENARIOS = {"history": history.main, "scale": scale.main}
+
+arguments = sys.argv[1:]
+if arguments and arguments[0] in SCENARIOS:
+    raise SystemExit(SCENARIOS[arguments[0]](arguments[1:]))
+raise SystemExit(run.main(arguments))

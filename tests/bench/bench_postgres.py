@@ -42,6 +42,7 @@ from ulid import ULID  # noqa: E402
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb  # noqa: E402
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc  # noqa: E402
+from tests.bench.measure import percentile  # noqa: E402
 from tests.conftest import DEFAULT_POSTGRES_URL, PostgresDatabases, RunningServer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -69,11 +70,6 @@ class Row:
 class Result:
     rows: list[Row] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def latency_rows(engine: str, metric: str, samples: list[float], **detail: object) -> list[Row]:

@@ -42,6 +42,24 @@ def median(samples: Iterable[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def percentile(samples: Iterable[float], fraction: float) -> float:
+    """The sample below which ``fraction`` of the samples lie (nearest rank); needs one sample."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The most resident memory ``pid`` has had so far (VmHWM); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def children_by_parent() -> dict[int, list[int]]:
     """Every live process's pid, by its parent's pid."""
     children: dict[int, list[int]] = {}

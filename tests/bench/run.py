@@ -43,6 +43,7 @@ from tests.bench.measure import (  # noqa: E402
     children_by_parent,
     cpu_times,
     median,
+    percentile,
     process_tree_cpu_seconds,
     steal_fraction,
 )
@@ -129,12 +130,14 @@ class MetricResult:
     size: str
     unit: str
     series: dict[str, Series] = field(default_factory=dict)
+    #: Scenario-specific facts shown in the table's notes (e.g. files changed per rollback).
+    notes: list[str] = field(default_factory=list)
 
     def for_system(self, system: str) -> Series:
         return self.series.setdefault(system, Series(self.unit))
 
     def to_json(self) -> dict[str, Any]:
-        return {"metric": self.name, "label": self.label, "size": self.size, "unit": self.unit,
+        return {"metric": self.name, "label": self.label, "size": self.size, "unit": self.unit, "notes": self.notes,
                 "systems": {name: series.to_json() for name, series in self.series.items()}}
 
 
@@ -153,16 +156,10 @@ def attempt(series: Series, action: Callable[[], T]) -> T | None:
 
 
 @dataclass
-class Options:
-    sizes: list[int]
-    repeat: int
-    first_repeat: int
-    store_files: int
-    store_checkpoints: int
-    throughput_clients: list[int]
-    throughput_requests: int
+class RunOptions:
+    """What every scenario's Run needs (this module's, history.py's, scale.py's)."""
+
     systems: tuple[str, ...]
-    metrics: tuple[str, ...]
     seed: int
     root: Path
     results_dir: Path
@@ -171,8 +168,59 @@ class Options:
     settle_seconds: float
 
 
+@dataclass
+class Options(RunOptions):
+    sizes: list[int]
+    repeat: int
+    first_repeat: int
+    store_files: int
+    store_checkpoints: int
+    throughput_clients: list[int]
+    throughput_requests: int
+    metrics: tuple[str, ...]
+
+
+def closed_list(parser: argparse.ArgumentParser, text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A comma-separated choice from a closed vocabulary; anything else is refused by name."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        parser.error(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
+    return names
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, systems: bool = True) -> None:
+    """The flags every scenario shares (see RunOptions); ``systems`` false: checkpointd alone."""
+    if systems:
+        parser.add_argument("--systems", default=",".join(SYSTEMS),
+                            help=f"which systems to run, comma-separated from {','.join(SYSTEMS)}")
+    parser.add_argument("--seed", type=int, default=1, help="workspace and edit seed (default 1)")
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()),
+                        help="directory under which the run's workspaces and stores are made (default: TMPDIR)")
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench-results",
+                        help="where the JSON result goes (default bench-results/)")
+    parser.add_argument("--checkpointd", type=Path, default=REPO_ROOT / ".venv" / "bin" / "checkpointd",
+                        help="the checkpointd executable (default .venv/bin/checkpointd)")
+    parser.add_argument("--keep", action="store_true", help="keep workspaces, stores and server logs")
+    parser.add_argument("--settle-ms", type=float, default=50.0,
+                        help="pause between repeats, outside any timing (default 50)")
+
+
+def run_options(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> dict[str, Any]:
+    """The RunOptions fields from the shared flags, checked."""
+    systems = closed_list(parser, getattr(arguments, "systems", CHECKPOINTD), SYSTEMS, "system")
+    if CHECKPOINTD in systems and not arguments.checkpointd.exists():
+        parser.error(f"{arguments.checkpointd} does not exist (run `make install`, or pass --systems git)")
+    return {"systems": systems, "seed": arguments.seed, "root": arguments.root.resolve(),
+            "results_dir": arguments.results_dir.resolve(), "checkpointd": arguments.checkpointd,
+            "keep": arguments.keep, "settle_seconds": arguments.settle_ms / 1000}
+
+
 def parse_options(argv: list[str] | None) -> Options:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.split("\n\n")[0],
+                                     epilog="Other scenarios: `python -m tests.bench history --help` (real edit "
+                                            "histories), `python -m tests.bench scale --help` (1M files, one huge "
+                                            "directory).")
     parser.add_argument("--quick", action="store_true",
                         help="1k+10k files, 3 repeats, 1 first-checkpoint repeat, store at 1k files x 200 "
                              "checkpoints, 1000 throughput calls per round (explicit flags still win)")
@@ -187,32 +235,14 @@ def parse_options(argv: list[str] | None) -> Options:
     parser.add_argument("--throughput-requests", type=int,
                         help="state-only CreateCheckpoint calls per round, split evenly across the clients "
                              "(default 2000)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help=f"which systems to run, comma-separated from {','.join(SYSTEMS)}")
     parser.add_argument("--metrics", default=",".join(METRICS),
                         help=f"which metrics to run, comma-separated from {','.join(METRICS)}; the first "
                              "checkpoint runs whenever a per-size metric does, the others build on it")
-    parser.add_argument("--seed", type=int, default=1, help="workspace and edit seed (default 1)")
-    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()),
-                        help="directory under which the run's workspaces and stores are made (default: TMPDIR)")
-    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench-results",
-                        help="where the JSON result goes (default bench-results/)")
-    parser.add_argument("--checkpointd", type=Path, default=REPO_ROOT / ".venv" / "bin" / "checkpointd",
-                        help="the checkpointd executable (default .venv/bin/checkpointd)")
-    parser.add_argument("--keep", action="store_true", help="keep workspaces, stores and server logs")
-    parser.add_argument("--settle-ms", type=float, default=50.0,
-                        help="pause between repeats, outside any timing (default 50)")
+    add_run_arguments(parser)
     arguments = parser.parse_args(argv)
 
     def chosen(value: int | None, quick: int, full: int) -> int:
         return value if value is not None else (quick if arguments.quick else full)
-
-    def closed_list(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
-        names = tuple(name.strip() for name in text.split(",") if name.strip())
-        unknown = [name for name in names if name not in allowed]
-        if unknown or not names:
-            parser.error(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
-        return names
 
     sizes_text = arguments.sizes or ("1000,10000" if arguments.quick else "1000,10000,100000")
     try:
@@ -233,24 +263,19 @@ def parse_options(argv: list[str] | None) -> Options:
         store_checkpoints=chosen(arguments.store_checkpoints, 200, 1000),
         throughput_clients=list(dict.fromkeys(throughput_clients)),
         throughput_requests=chosen(arguments.throughput_requests, 1000, 2000),
-        systems=closed_list(arguments.systems, SYSTEMS, "system"),
-        metrics=closed_list(arguments.metrics, METRICS, "metric"),
-        seed=arguments.seed, root=arguments.root.resolve(), results_dir=arguments.results_dir.resolve(),
-        checkpointd=arguments.checkpointd, keep=arguments.keep, settle_seconds=arguments.settle_ms / 1000)
+        metrics=closed_list(parser, arguments.metrics, METRICS, "metric"), **run_options(parser, arguments))
     for name in ("repeat", "first_repeat", "store_files", "store_checkpoints", "throughput_requests"):
         if getattr(options, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if any(size < 10 for size in options.sizes) or options.store_files < 10:
         parser.error("workspace sizes must be at least 10 files")
-    if CHECKPOINTD in options.systems and not options.checkpointd.exists():
-        parser.error(f"{options.checkpointd} does not exist (run `make install`, or pass --systems git)")
     return options
 
 
 class Run:
     """One benchmark run: its scratch directories, results, and the live checkpointd server."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: RunOptions) -> None:
         self.options = options
         options.root.mkdir(parents=True, exist_ok=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="checkpointd-bench-", dir=options.root))
@@ -264,6 +289,7 @@ class Run:
         self.client: CheckpointdClient | None = None
         self._server_count = 0
         self._deletions: list[subprocess.Popen[bytes]] = []
+        self.started = datetime.now(UTC)
         self.load_at_start = list(os.getloadavg())
         self.cpu_times_at_start = cpu_times()
 
@@ -297,6 +323,13 @@ class Run:
         server.start()
         self.client = CheckpointdClient(server.target)
         return server
+
+    def quiet_server_before_git(self, series: Series) -> None:
+        """Lets work the server does after answering end before git is timed, so git never
+        pays for it; how long that took is kept with git's series."""
+        if self.server is not None:
+            busy = self.server.wait_for_idle(quiet_seconds=0.2)
+            series.extra.setdefault("waited_for_busy_checkpointd_seconds", []).append(round(busy.seconds, 3))
 
     def stop_server(self) -> None:
         if self.client is not None:
@@ -353,6 +386,8 @@ class Run:
 
 
 def size_label(file_count: int) -> str:
+    if file_count >= 1_000_000 and file_count % 1_000_000 == 0:
+        return f"{file_count // 1_000_000}M"
     return f"{file_count // 1000}k" if file_count % 1000 == 0 and file_count >= 1000 else str(file_count)
 
 
@@ -444,7 +479,7 @@ class SizeBench:
         if edit:
             self.editors[system].modify()
         if system == GIT:
-            self._quiet_server_before_git(series)
+            self.run.quiet_server_before_git(series)
             self.run.flush_disk()
             _, tree, seconds = self.git.checkpoint("step")
             background = self.git.wait_for_background()
@@ -501,7 +536,7 @@ class SizeBench:
         if system == GIT:
             self.git.checkpoint("after edit")
             self.git.wait_for_background()
-            self._quiet_server_before_git(series)
+            self.run.quiet_server_before_git(series)
             self.run.flush_disk()
             seconds = self.git.restore(target_id)
         else:
@@ -536,13 +571,6 @@ class SizeBench:
             else:
                 result.for_system(system).error = "no first checkpoint to build on"
         return ready
-
-    def _quiet_server_before_git(self, series: Series) -> None:
-        """Lets work the server does after answering end before git is timed, so git never
-        pays for it; how long that took is kept with git's series."""
-        if self.run.server is not None:
-            busy = self.run.server.wait_for_idle(quiet_seconds=0.2)
-            series.extra.setdefault("waited_for_busy_checkpointd_seconds", []).append(round(busy.seconds, 3))
 
     def _server_cpu(self) -> float | None:
         return process_tree_cpu_seconds(self.run.server.pid) if self.run.server else None
@@ -716,6 +744,8 @@ def bench_throughput(run: Run) -> None:
 class Goal:
     text: str
     met: Callable[[float, float | None], bool]
+    #: Judged against git's figure: unjudged ("—") when git did not run.
+    relative: bool = False
 
 
 _GOALS: dict[str, dict[str | None, Goal]] = {
@@ -726,8 +756,19 @@ _GOALS: dict[str, dict[str | None, Goal]] = {
                     "100k": Goal("≤ 5 ms", lambda value, _git: value <= 5)},
     "no_change": {"100k": Goal("≤ 3 ms", lambda value, _git: value <= 3)},
     "rollback": {"100k": Goal("≤ 10 ms", lambda value, _git: value <= 10)},
-    "store": {None: Goal("≤ 1.5× git", lambda value, git: git is not None and value <= 1.5 * git)},
+    "store": {None: Goal("≤ 1.5× git", lambda value, git: git is not None and value <= 1.5 * git, relative=True)},
     "throughput": {None: Goal("≥ 2,000/s", lambda value, _git: value >= 2000)},
+    # Real edit histories (history.py) and large workspaces (scale.py), issue 21.
+    "history_checkpoint": {None: Goal("≥ 4× faster than git", lambda value, git: git is not None and git >= 4 * value,
+                                      relative=True)},
+    "history_rollback": {None: Goal("≥ 2× faster than git", lambda value, git: git is not None and git >= 2 * value,
+                                    relative=True)},
+    "history_wrong": {None: Goal("0", lambda value, _git: value == 0)},
+    "history_store": {None: Goal("≤ 1.0× git gc", lambda value, git: git is not None and value <= git, relative=True)},
+    "scale_first": {"1M": Goal("≤ 60 s", lambda value, _git: value <= 60_000)},
+    "scale_incremental": {"1M": Goal("≤ 10 ms", lambda value, _git: value <= 10),
+                          "200k in 1 dir": Goal("≤ 20 ms", lambda value, _git: value <= 20)},
+    "scale_rss": {"1M": Goal("≤ 1.5 GiB", lambda value, _git: value <= 1536)},
 }
 
 
@@ -744,15 +785,21 @@ def _cell(series: Series, unit: str) -> str:
     value = series.value
     if value is None:
         return "WRONG" if series.wrong else "n/a"
-    if unit == "s":
-        text = f"{value:.2f} s"
+    if unit == "s" or (unit == "ms" and value >= 10_000):
+        text = f"{value if unit == 's' else value / 1000:.2f} s"
     elif unit == "MiB":
-        text = f"{value:.1f} MiB"
+        text = f"{value:.2f} MiB" if value < 10 else f"{value:.1f} MiB"
     elif unit == "per s":
         text = f"{value:,.0f}/s"
+    elif unit == "count":
+        text = f"{value:,.0f}"
     else:
         text = f"{value:.1f} ms" if value < 100 else f"{value:,.0f} ms"
     return text
+
+
+#: From this many samples on, a timing row's notes give the 90th percentile beside the median.
+P90_MIN_SAMPLES = 10
 
 
 def _notes(result: MetricResult) -> str:
@@ -763,6 +810,12 @@ def _notes(result: MetricResult) -> str:
             notes.append(f"{system} wrong {len(series.wrong)}/{total} (not counted)")
         if series.error:
             notes.append(f"{system} error: {series.error.splitlines()[0][:100]}")
+    if result.unit == "ms":
+        tails = [f"{system} {percentile(series.samples, 0.9):.1f} ms" for system, series in result.series.items()
+                 if len(series.samples) >= P90_MIN_SAMPLES]
+        if tails:
+            notes.append("p90: " + ", ".join(tails))
+    notes.extend(result.notes)
     extra = result.series.get(CHECKPOINTD, Series("")).extra
     if extra.get("server_cpu_cores"):
         # One Python process: what it can use of the machine's cores is the throughput's bound.
@@ -812,7 +865,7 @@ def table_rows(results: list[MetricResult]) -> list[dict[str, str]]:
             ratio = f"{theirs.value / ours.value:.1f}×"
         goal = _goal_for(result)
         met = "—"
-        if goal is not None and not ours.skipped:
+        if goal is not None and not ours.skipped and not (goal.relative and theirs.skipped):
             met = "yes" if (ours.value is not None and not ours.error and not ours.wrong
                             and goal.met(ours.value, theirs.value)) else "NO"
         rows.append({"size": result.size, "metric": result.label, "checkpointd": _cell(ours, result.unit),
@@ -837,16 +890,17 @@ def _command_output(*command: str) -> str:
         return ""
 
 
-def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv: list[str],
-                  complete: bool) -> Path:
+def write_results(run: Run, rows: list[dict[str, str]], argv: list[str], complete: bool) -> Path:
     """Writes the JSON (and the table as text); also after each phase, so a long run that is
-    stopped keeps what it measured (``complete`` false until the end)."""
+    stopped keeps what it measured (``complete`` false until the end). ``argv`` is the whole
+    command line after ``-m tests.bench``; a scenario's name, its first word, prefixes the file."""
     options = run.options
     run.options.results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    path = options.results_dir / f"bench-{stamp}.json"
+    stamp = run.started.strftime("%Y%m%dT%H%M%SZ")
+    scenario = f"{argv[0]}-" if argv and not argv[0].startswith("-") else ""
+    path = options.results_dir / f"bench-{scenario}{stamp}.json"
     document = {
-        "complete": complete, "started": started.isoformat(), "written": datetime.now(UTC).isoformat(),
+        "complete": complete, "started": run.started.isoformat(), "written": datetime.now(UTC).isoformat(),
         "command": [sys.executable, "-m", "tests.bench", *argv],
         "options": {key: str(value) if isinstance(value, Path) else value
                     for key, value in options.__dict__.items()},
@@ -863,7 +917,7 @@ def write_results(run: Run, rows: list[dict[str, str]], started: datetime, argv:
         "table": rows,
     }
     path.write_text(json.dumps(document, indent=2) + "\n")
-    (options.results_dir / f"bench-{stamp}.txt").write_text(render_table(rows) + "\n")
+    path.with_suffix(".txt").write_text(render_table(rows) + "\n")
     return path
 
 
@@ -871,24 +925,14 @@ def checkpointd_failed(results: list[MetricResult]) -> bool:
     return any(result.series[CHECKPOINTD].error or result.series[CHECKPOINTD].wrong for result in results)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options = parse_options(argv)
-    started = datetime.now(UTC)
-    run = Run(options)
-    log(f"scratch {run.scratch}; systems {','.join(options.systems)}; sizes {options.sizes}; "
-        f"repeat {options.repeat}")
-    phases: list[Callable[[], None]] = []
-    if {"first", "incremental", "no_change", "rollback"} & set(options.metrics):
-        phases += [lambda file_count=file_count: SizeBench(run, file_count).run_all() for file_count in options.sizes]
-    if "store" in options.metrics:
-        phases.append(lambda: bench_store(run))
-    if "throughput" in options.metrics:
-        phases.append(lambda: bench_throughput(run))
+def execute(run: Run, phases: list[Callable[[], None]], argv: list[str], footer: str) -> int:
+    """Runs a scenario's phases (writing the results after each), closes the run, prints the
+    table, ``footer`` and warnings about a busy machine. Exit status 1 when a checkpointd
+    call failed or gave a wrong result; unmet goals do not fail the run."""
     try:
         for phase in phases:
             phase()
-            write_results(run, table_rows(run.results), started, argv, complete=False)
+            write_results(run, table_rows(run.results), argv, complete=False)
     finally:
         run.close()
     rows = table_rows(run.results)
@@ -896,10 +940,9 @@ def main(argv: list[str] | None = None) -> int:
     floor = floor_summary(run.results)
     if floor:
         print(f"\n{floor}")
-    path = write_results(run, rows, started, argv, complete=True)
+    path = write_results(run, rows, argv, complete=True)
     print(f"\nresults: {path}")
-    print("Medians of repeated runs, measured at the client (checkpointd: one gRPC call; git: add+commit, "
-          "restore+clean). Wrong results are excluded and noted.")
+    print(footer)
     busiest = max(run.load_at_start[0], os.getloadavg()[0], *_LOAD_SEEN)
     if busiest > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1):
         print(f"WARNING: the machine was busy (1-min load average up to {busiest:.1f} on {os.cpu_count()} CPUs); "
@@ -911,6 +954,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: the hypervisor gave {stolen:.0%} of this machine's CPU time to other guests during the run "
               "(steal): every figure is slower than this machine's own, git's as much as checkpointd's.")
     return 1 if checkpointd_failed(run.results) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = parse_options(argv)
+    run = Run(options)
+    log(f"scratch {run.scratch}; systems {','.join(options.systems)}; sizes {options.sizes}; "
+        f"repeat {options.repeat}")
+    phases: list[Callable[[], None]] = []
+    if {"first", "incremental", "no_change", "rollback"} & set(options.metrics):
+        phases += [lambda file_count=file_count: SizeBench(run, file_count).run_all() for file_count in options.sizes]
+    if "store" in options.metrics:
+        phases.append(lambda: bench_store(run))
+    if "throughput" in options.metrics:
+        phases.append(lambda: bench_throughput(run))
+    return execute(run, phases, argv, "Medians of repeated runs, measured at the client (checkpointd: one gRPC "
+                   "call; git: add+commit, restore+clean). Wrong results are excluded and noted.")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,25 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from tests.bench.measure import BackgroundWork, disk_usage_bytes, process_cpu_seconds
+
+#: path (relative, '/'-separated) -> (git mode such as "100644", object id).
+TreeEntries = dict[str, tuple[str, str]]
+
+
+def parse_ls_tree(output: bytes) -> TreeEntries:
+    """Parses ``git ls-tree -r -z`` output ("<mode> <type> <id>\\t<path>\\0" records)."""
+    entries: TreeEntries = {}
+    for record in output.split(b"\0"):
+        if record:
+            header, path = record.split(b"\t", 1)
+            mode, _, object_id = header.decode().split(" ")
+            entries[os.fsdecode(path)] = (mode, object_id)
+    return entries
+
 
 _IDENTITY = ("-c", "user.name=checkpointd bench", "-c", "user.email=bench@checkpointd.invalid",
              "-c", "commit.gpgsign=false")
@@ -40,10 +56,14 @@ class ShadowGit:
         self._empty_config = empty_config
 
     def _git(self, *arguments: str) -> str:
+        return self._git_bytes(*arguments).decode(errors="surrogateescape")
+
+    def _git_bytes(self, *arguments: str, stdin: bytes | None = None, also_fine: tuple[int, ...] = ()) -> bytes:
         result = subprocess.run(["git", *_IDENTITY, *arguments], cwd=self.work_tree, env=self._env,
-                                capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"git {' '.join(arguments)} failed ({result.returncode}): {result.stderr.strip()}")
+                                input=stdin, capture_output=True, check=False)
+        if result.returncode != 0 and result.returncode not in also_fine:
+            raise RuntimeError(f"git {' '.join(arguments)} failed ({result.returncode}): "
+                               f"{result.stderr.decode(errors='replace').strip()}")
         return result.stdout
 
     def init(self) -> None:
@@ -62,6 +82,21 @@ class ShadowGit:
 
     def tracked_file_count(self, commit: str) -> int:
         return len(self._git("ls-tree", "-r", "--name-only", commit).splitlines())
+
+    def tree(self, commit: str) -> TreeEntries:
+        """What ``commit`` recorded: path -> (git mode, object id) of every file and symlink."""
+        return parse_ls_tree(self._git_bytes("ls-tree", "-r", "-z", "--full-tree", commit))
+
+    def ignored(self, paths: Iterable[str]) -> set[str]:
+        """Those of ``paths`` (relative; a trailing '/' names a directory) that the work tree's
+        .gitignore files exclude, as git itself decides (``check-ignore --no-index``): whether
+        they exist or are tracked does not matter."""
+        listed = "\0".join(paths)
+        if not listed:
+            return set()
+        output = self._git_bytes("check-ignore", "--no-index", "--stdin", "-z", stdin=os.fsencode(listed),
+                                 also_fine=(1,))  # 1: none of them is ignored
+        return {os.fsdecode(path) for path in output.split(b"\0") if path}
 
     def restore(self, commit: str) -> float:
         """Puts the work tree back to ``commit``; returns the seconds it took."""

@@ -15,8 +15,10 @@ import math
 import os
 import random
 import stat
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 FILES_PER_LEAF_DIR = 35
@@ -192,10 +194,13 @@ def generate_workspace(path: Path, file_count: int, seed: int) -> GeneratedWorks
 
 @dataclass(frozen=True)
 class Delta:
-    """One applied edit: its kind ("modify", "add" or "delete") and the path it touched."""
+    """One applied edit: its kind ("modify", "add" or "delete"), the path it touched, and what
+    was there before (content and permission bits; None for an add)."""
 
     kind: str
     path: str
+    before: bytes | None = None
+    before_mode: int | None = None
 
 
 class WorkspaceEditor:
@@ -216,10 +221,11 @@ class WorkspaceEditor:
         """Replaces one line of an existing text file (size stays about the same)."""
         relative = self._rng.choice(self._text_files)
         target = self._workspace.path / relative
-        lines = target.read_bytes().decode().split("\n")
+        before = target.read_bytes()
+        lines = before.decode().split("\n")
         lines[self._rng.randrange(len(lines))] = self._next_line()
         target.write_bytes("\n".join(lines).encode())
-        return Delta("modify", relative)
+        return Delta("modify", relative, before, stat.S_IMODE(target.stat().st_mode))
 
     def add(self) -> Delta:
         """Creates one new text file in an existing directory."""
@@ -234,9 +240,11 @@ class WorkspaceEditor:
     def delete(self) -> Delta:
         """Removes one existing text file."""
         relative = self._rng.choice(self._text_files)
-        (self._workspace.path / relative).unlink()
+        target = self._workspace.path / relative
+        delta = Delta("delete", relative, target.read_bytes(), stat.S_IMODE(target.stat().st_mode))
+        target.unlink()
         self._text_files.remove(relative)
-        return Delta("delete", relative)
+        return delta
 
     def apply(self, kind: str) -> Delta:
         actions = {"modify": self.modify, "add": self.add, "delete": self.delete}
@@ -252,18 +260,23 @@ class WorkspaceEditor:
             self._text_files.append(delta.path)
 
 
-def _file_digests(paths: list[str]) -> list[str]:
+def sha256_hex(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _file_digests(digest: Callable[[bytes], str], paths: list[str]) -> list[str]:
     digests = []
     for path in paths:
         with open(path, "rb") as handle:
-            digests.append(hashlib.sha256(handle.read()).hexdigest())
+            digests.append(digest(handle.read()))
     return digests
 
 
-def tree_entries(root: Path) -> dict[str, str]:
-    """Every entry under ``root`` (ignored ones included) as path -> "type mode digest"; equal
-    maps mean equal trees. Files are hashed in batches on two threads (reads and hashing
-    release the GIL)."""
+def tree_entries(root: Path, digest: Callable[[bytes], str] = sha256_hex) -> dict[str, str]:
+    """Every entry under ``root`` (ignored ones included) as path -> "dir", "link <target>",
+    "file <permission bits, octal> <digest of the content>" or "special <type>"; equal maps
+    mean equal trees. Files are hashed in batches on two threads (reads and hashing release
+    the GIL)."""
     entries: dict[str, str] = {}
     files: list[tuple[str, str, int]] = []
     pending = [("", str(root))]
@@ -285,9 +298,9 @@ def tree_entries(root: Path) -> dict[str, str]:
     batches = [[absolute for _, absolute, _ in files[start:start + 2048]]
                for start in range(0, len(files), 2048)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        digests = [digest for batch in pool.map(_file_digests, batches) for digest in batch]
-    for (relative, _, mode), digest in zip(files, digests, strict=True):
-        entries[relative] = f"file {mode:o} {digest}"
+        digests = [hexdigest for batch in pool.map(partial(_file_digests, digest), batches) for hexdigest in batch]
+    for (relative, _, mode), hexdigest in zip(files, digests, strict=True):
+        entries[relative] = f"file {mode:o} {hexdigest}"
     return entries
 
 

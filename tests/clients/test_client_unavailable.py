@@ -17,6 +17,8 @@ from checkpointd_client import (
     ConfigKey,
     FixedSettings,
     OnUnavailable,
+    ToolCall,
+    ToolCheckpointInterceptor,
     TriggerPolicy,
     open_channel,
 )
@@ -153,3 +155,24 @@ def test_a_server_never_reached_leaves_the_defaults_in_force(
         assert down.settings.current() == CheckpointSettings()
     assert (fresh_workspace / "out.txt").read_text() == "written"
     assert any("default settings" in r.getMessage() for r in caplog.records)
+
+
+def test_begin_and_finish_collect_the_warnings_they_proceeded_past(hung_server_target: str, tmp_path: Path) -> None:
+    """An async runner's two steps (the MCP proxy's): each checkpoint that could not be recorded
+    leaves its warning in ToolCheckpoints.warnings, for the runner to show with the result."""
+    settings = CheckpointSettings(on_unavailable=OnUnavailable.PROCEED, client_deadline_s=0.3)
+    interceptor = ToolCheckpointInterceptor(
+        CheckpointClient(open_channel(hung_server_target)), TriggerPolicy(FixedSettings(settings))
+    )
+    call = ToolCall("mcp/write", "01ARZ3NDEKTSV4RRFFQ69G5FAV", tmp_path)
+
+    taken = interceptor.begin(call)
+    assert taken.before is None and len(taken.warnings) == 1
+    interceptor.finish(call, taken)
+
+    assert taken.after is None and len(taken.warnings) == 2
+    assert "before_tool_execute" in taken.warnings[0] and "after_tool_execute" in taken.warnings[1]
+    assert all("DEADLINE_EXCEEDED" in warning and "proceeding without it" in warning for warning in taken.warnings)
+    read = ToolCall("mcp/read", "01ARZ3NDEKTSV4RRFFQ69G5FAV", tmp_path, read_only=True)
+    untouched = interceptor.finish(read, interceptor.begin(read))
+    assert (untouched.before, untouched.after, untouched.warnings) == (None, None, [])

@@ -5,12 +5,13 @@ buf comes from the npm package @bufbuild/buf, a devDependency of clients/node (`
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import subprocess
 
 import pytest
+
+from tests.helpers import skip_unless_ci
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PROTOS = REPO / "protos"
@@ -19,9 +20,7 @@ RELEASED = PROTOS / "released" / "checkpoint-v1.binpb"
 CHECKPOINT_PROTO = pathlib.Path("checkpoint") / "v1" / "checkpoint_service.proto"
 
 if not BUF.exists():
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"{BUF} is missing in CI: run `npm ci` in clients/node before pytest")
-    pytest.skip(f"buf is not installed ({BUF} missing): run `npm ci` in clients/node", allow_module_level=True)
+    skip_unless_ci(f"buf is not installed ({BUF} missing): run `npm ci` in clients/node", allow_module_level=True)
 
 
 def buf(*args: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from google.rpc import error_details_pb2
 
 from checkpoint.v1 import admin_service_pb2, checkpoint_service_pb2, config_service_pb2, errors_pb2
+from tests.helpers import skip_unless_ci
 
 REPO = Path(__file__).resolve().parents[2]
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
@@ -31,7 +31,8 @@ SERVICES = [
     "grpc.reflection.v1alpha.ServerReflection",
 ]
 
-pytestmark = pytest.mark.skipif(GRPCURL is None, reason="grpcurl missing: `make install` installs it")
+if GRPCURL is None:
+    skip_unless_ci("grpcurl missing: `make install` installs it", allow_module_level=True)
 
 
 def address(server, transport: str) -> list[str]:
@@ -197,10 +198,9 @@ def test_errors_show_their_error_info_reason(checkpointd_server, transport):
     assert '"reason":"INVALID_PLAN_ID"' in output and '"domain":"checkpointd"' in output
 
 
-@pytest.mark.skipif(
-    not BUF.exists() and os.environ.get("CI") != "true", reason="buf missing: run `npm ci` in clients/node"
-)
 def test_buf_curl_over_tcp_and_unix(checkpointd_server, plan_id):
+    if not BUF.exists():
+        skip_unless_ci("buf missing: run `npm ci` in clients/node")
     base = [str(BUF), "curl", "--protocol", "grpc", "--http2-prior-knowledge"]
     tcp = subprocess.run(
         [*base, "-d", json.dumps({"key": "core.checkpoints.on_unavailable"}),

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import skip_unless_ci
+
 from . import readme_commands
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +62,8 @@ def looks_like_the_repository(server) -> Path:
 
 
 def require_node_modules() -> None:
-    if not BUF.exists() and os.environ.get("CI") != "true":
-        pytest.skip(f"{BUF.parent.parent} missing: run `npm ci` in clients/node")
+    if not BUF.exists():
+        skip_unless_ci(f"{BUF.parent.parent} missing: run `npm ci` in clients/node")
 
 
 @pytest.fixture(scope="module")

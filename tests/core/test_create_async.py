@@ -99,6 +99,7 @@ def test_every_create_that_could_wait_runs_in_a_thread(engine, tmp_path, monkeyp
 
     async def while_collecting():
         task = asyncio.create_task(engine.create_async(CreateRequest(plan_id=plan_id, state=b"s"), threads))
+        # A window, not a wait for an event: a create that did not wait for the collection would end in it.
         await asyncio.sleep(0.1)
         assert not task.done(), "the create waits for garbage collection, in its thread"
         done.set()
@@ -122,6 +123,7 @@ def test_a_busy_plan_is_served_in_a_thread_once_it_is_free(engine):
 
     async def while_busy():
         task = asyncio.create_task(engine.create_async(CreateRequest(plan_id=plan_id, state=b"s"), threads))
+        # A window, not a wait for an event: a create that did not wait for the plan would end in it.
         await asyncio.sleep(0.1)
         assert not task.done(), "the create waits for the plan, in its thread"
         release()

@@ -17,6 +17,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc
 from tests.conftest import CHECKPOINTD, free_port
+from tests.helpers import skip_unless_ci
 
 
 def wait_serving(target: str, process: subprocess.Popen, timeout: float = 30) -> None:
@@ -45,7 +46,7 @@ def test_help_documents_every_serve_option():
 def test_embedded_defaults_listen_on_50051_and_a_socket_in_the_data_dir(tmp_path):
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", 50051)) == 0:
-            pytest.skip("port 50051 is in use on this machine")
+            skip_unless_ci("port 50051 is in use on this machine")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKPOINTD_")}
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
     process = subprocess.Popen([CHECKPOINTD, "serve"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

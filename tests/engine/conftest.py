@@ -1,10 +1,11 @@
 """Engine fixtures: a content store with a watched capturer and a full-scan capturer side by
 side, so every watched (incremental) capture can be checked against a full scan of the
-same workspace at the same moment."""
+same workspace at the same moment; and the same check through real servers (see ``live``)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from checkpointd.core.store import ContentStore
 from checkpointd.core.tree import Trees
 from checkpointd.core.watcher import Watcher
 from checkpointd.core.workspace import Workspace
+from tests.conftest import PostgresDatabases, RunningServer
+from tests.engine.live import NamespacedServer, Session, serve
 
 
 @dataclass
@@ -33,9 +36,12 @@ class Engines:
     max_size: int = 1 << 30
 
     def capture(self, capturer: Capturer, patterns: list[str] | None = None) -> CaptureResult:
+        """A capture, committed and recorded as a checkpoint would be (see ``Capturer.record``)."""
         with self.store.batch() as batch:
-            return capturer.capture(Workspace(str(self.root)), self.patterns if patterns is None else patterns,
-                                    [], self.max_size, batch)
+            result = capturer.capture(Workspace(str(self.root)), self.patterns if patterns is None else patterns,
+                                      [], self.max_size, batch)
+        capturer.record(str(self.root), result.tree)
+        return result
 
     def check(self, expect: str = "incremental") -> CaptureResult:
         """A watched capture, compared with a full scan; ``expect`` says which kind of capture
@@ -70,6 +76,7 @@ def engines(tmp_path: Path) -> Iterator[Engines]:
     root = tmp_path / "ws"
     root.mkdir()
     yield Engines(store, trees, watched, full, watcher, root, [])
+    watched.close()
     watcher.close()
 
 
@@ -79,3 +86,25 @@ def write(path: Path, text: str | bytes, mode: int | None = None) -> None:
     path.write_bytes(data)
     if mode is not None:
         os.chmod(path, mode)
+
+
+@pytest.fixture(params=["on", "off"])
+def live_server(request, short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
+    """A real server with the watcher on, then off (see ``live``)."""
+    yield from serve(Path(tempfile.mkdtemp(prefix="u-", dir=short_tmp)), suite_databases, request.param)
+
+
+@pytest.fixture
+def live(live_server: RunningServer, tmp_path: Path) -> Iterator[Session]:
+    """A plan on a new workspace of ``live_server``, each checkpoint checked against a full scan."""
+    opened = Session(live_server, live_server.new_workspace(), tmp_path)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(params=["on", "off"])
+def namespaced_server(request, short_tmp: Path,
+                      suite_databases: PostgresDatabases | None) -> Iterator[NamespacedServer]:
+    """Like ``live_server``, in a mount namespace of its own (see ``live.NamespacedServer``)."""
+    yield from serve(Path(tempfile.mkdtemp(prefix="m-", dir=short_tmp)), suite_databases, request.param,
+                     NamespacedServer)

@@ -273,7 +273,7 @@ def test_a_scan_that_fails_writes_nothing_once_it_has_returned(tmp_path, referen
         with pytest.raises(RuntimeError):
             scan(store, root, snapshotter, on_dir=fail)
         size = sum(p.stat().st_size for p in store.packs_dir.iterdir())
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window, not a wait for an event: a write still on its way would land in it
         assert sum(p.stat().st_size for p in store.packs_dir.iterdir()) == size
         assert not store._staged and not snapshotter.readers.answered
         assert not any(reader.in_flight for reader in snapshotter.readers._readers)

@@ -15,15 +15,9 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc
-from checkpointd.core.index import StatIndex
-from checkpointd.core.snapshot import Snapshotter, disk_rules
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import Trees
-from checkpointd.core.workspace import Workspace
 from tests.conftest import RunningServer
 from tests.engine.conftest import write
-
-DEFAULT_MAX_FILE_SIZE = 64 * 1024 * 1024
+from tests.engine.live import full_scan
 
 
 @pytest.fixture(params=["on", "off"])
@@ -36,11 +30,7 @@ def server(request, short_tmp: Path):
 
 
 def _full_scan_tree(root: Path, scratch: Path) -> str:
-    store = ContentStore(scratch)
-    workspace = Workspace(str(root))
-    with store.batch() as batch:
-        return Snapshotter(store, Trees(store), StatIndex()).capture(
-            workspace, disk_rules(workspace, [], []), DEFAULT_MAX_FILE_SIZE, batch).tree
+    return full_scan(root, scratch).tree
 
 
 def test_checkpoints_and_rollbacks_match_full_scans(server, tmp_path):

@@ -235,8 +235,7 @@ def test_files_changed_during_checkpoints_are_seen_by_the_next_one(engines):
     writer.start()
     try:
         for _ in range(15):
-            with engines.store.batch() as batch:
-                engines.watched.capture(_workspace(engines), [], [], engines.max_size, batch)
+            engines.capture(engines.watched)
     finally:
         stop.set()
         writer.join()
@@ -309,3 +308,62 @@ def test_a_capture_handles_every_queued_event_itself_when_the_reader_thread_neve
         write(engines.root / "pkg0/sub0/file0.txt", f"changed with no reader, round {round_number}\n")
         (engines.root / f"pkg1/new{round_number}.txt").write_text("created with no reader\n")
         engines.check(expect="incremental")
+
+
+def _overwrite(path: Path, text: str) -> None:
+    """Writes in place (same inode): every name of the file shows the new content."""
+    with open(path, "r+") as f:
+        f.write(text)
+        f.truncate()
+
+
+def test_files_with_several_names_are_examined_by_every_capture(engines, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=2, files=2)
+    os.link(engines.root / "pkg0/sub0/file0.txt", outside / "alias")
+    os.link(engines.root / "pkg1/sub1/file1.txt", engines.root / "pkg0/alias")
+    engines.check(expect="full")
+    _overwrite(outside / "alias", "written through a name outside the workspace\n")
+    engines.check()
+    _overwrite(engines.root / "pkg0/alias", "written through the other name inside\n")
+    engines.check()
+    os.chmod(outside / "alias", 0o600)
+    engines.check()
+    # A linked file renamed keeps its inode: nothing new to look for.
+    os.rename(engines.root / "pkg0/alias", engines.root / "pkg0/renamed")
+    engines.check()
+    # A file with one name gains a second inside: its first name is not known as linked yet.
+    os.link(engines.root / "README.md", engines.root / "pkg1/readme-alias")
+    engines.check(expect="full")
+    _overwrite(engines.root / "pkg1/readme-alias", "written through the new name\n")
+    engines.check()
+    for name in ("pkg1/readme-alias", "pkg0/renamed"):
+        (engines.root / name).unlink()
+    (outside / "alias").unlink()
+    engines.check()
+    assert engines.watched._roots[str(engines.root)].base.linked == {}
+
+
+def test_a_capture_no_checkpoint_records_is_never_built_on(engines):
+    """A live diff's capture, or a create whose row failed: garbage collection keeps only what
+    rows reach, so the next capture must not reuse what only such a capture had."""
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    write(engines.root / "pkg0/sub0/file0.txt", "captured, committed, in no checkpoint\n")
+    with engines.store.batch() as batch:
+        engines.watched.capture(_workspace(engines), [], [], engines.max_size, batch)
+    engines.check(expect="full")
+    engines.check()
+
+
+def test_any_deletion_from_the_store_makes_the_next_capture_scan_fully(engines):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    engines.check()
+    with engines.store.batch() as batch:
+        stray = batch.put_bytes(b"an object no capture references\n")
+    with engines.store.collecting():
+        engines.store.delete(stray)
+    engines.check(expect="full")
+    engines.check()

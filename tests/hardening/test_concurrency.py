@@ -24,7 +24,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.hardening.support import assert_fsck_clean, list_all
-from tests.helpers import tree_state
+from tests.helpers import skip_unless_ci, tree_state
 
 CALL_DEADLINE_S = 120
 PLANS = 8
@@ -182,7 +182,7 @@ def test_rename_storm_captures_stay_consistent_and_the_last_one_exact(short_tmp,
     from tests.conftest import SERVER_ARGS, TEST_DB_URL, RunningServer
 
     if TEST_DB_URL:
-        pytest.skip("uses its own SQLite server (the storm is about the file system, not the database)")
+        skip_unless_ci("uses its own SQLite server (the storm is about the file system, not the database)")
     server = RunningServer(short_tmp / f"storm-{ULID()}", extra_args=(*SERVER_ARGS, *extra_args))
     server.start()
     try:

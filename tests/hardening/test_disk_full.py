@@ -22,9 +22,10 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.hardening.support import assert_fsck_clean, list_all, serving
-from tests.helpers import error_info, tree_state
+from tests.helpers import error_info, skip_unless_ci, tree_state
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+if os.geteuid() != 0:
+    skip_unless_ci("mounting a tmpfs needs root", allow_module_level=True)
 
 
 @contextlib.contextmanager

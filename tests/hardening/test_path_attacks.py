@@ -363,11 +363,12 @@ def deep_nesting(scene: Scene) -> None:
 
 
 def temp_prefixed_user_file_is_left_alone(scene: Scene) -> None:
-    """Names with the server's temporary prefix are never captured, and never deleted either."""
+    """A user's file that only starts with the server's temporary prefix is captured like any
+    other (only the server's exact temporary names are left out), and a rollback keeps it."""
     write(scene.workspace / ".checkpointd-tmp-users-own", b"user data")
     write(scene.workspace / "f", b"1")
     checkpoint = scene.create()
-    assert checkpoint.file_count == 1
+    assert checkpoint.file_count == 2
     write(scene.workspace / "f", b"2")
     scene.rollback(checkpoint)
     assert (scene.workspace / ".checkpointd-tmp-users-own").read_bytes() == b"user data"

@@ -10,7 +10,7 @@ import pytest
 from ulid import ULID
 
 from tests.conftest import free_port
-from tests.helpers import tree_state
+from tests.helpers import skip_unless_ci, tree_state
 from tests.ops.conftest import TOKEN, run_cli, server_exit
 
 
@@ -178,7 +178,7 @@ def test_delete_asks_first(tcp, workspace, plan_id):
 def test_a_second_server_on_the_same_sqlite_database_is_refused(ops_server):
     first = ops_server()
     if first.db_url:
-        pytest.skip("any number of servers may share a PostgreSQL database")
+        skip_unless_ci("any number of servers may share a PostgreSQL database")
     refused = server_exit(["--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(first.data_dir),
                            "--workspace-root", str(first.allowed_root)])
     assert refused.returncode == 2, refused.stderr

@@ -17,6 +17,7 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.core import telemetry
 from checkpointd.core.store import ContentStore
 from checkpointd.metrics import PrometheusMetrics
+from tests.ops.conftest import wait_until
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -177,12 +178,14 @@ def test_every_call_writes_exactly_one_access_line_whatever_runs_it_and_however_
 
     def access_lines() -> list[dict]:
         lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
-        return [r for r in lines if r.get("logger") == "checkpointd.access" and r.get("request_id") in calls]
+        return [r for r in lines if r.get("logger") == "checkpointd.access"]
 
-    deadline = time.monotonic() + 10
-    while len(access_lines()) < len(calls) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # a second line, if any, would be written by now
-    logged = Counter(r["request_id"] for r in access_lines())
+    # One more call, made after every call above has been answered: once its line is written, a
+    # second line of any call above (written when that call ended, before this one began) is too.
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        pb_grpc.CheckpointServiceStub(channel).ListCheckpoints(
+            pb.ListCheckpointsRequest(plan_id=plan_id), timeout=30, metadata=(("x-request-id", "last"),))
+    wait_until(lambda: {*calls, "last"} <= {r.get("request_id") for r in access_lines()}, "every call's access line")
+    logged = Counter(r["request_id"] for r in access_lines() if r.get("request_id") in calls)
     assert logged == Counter(calls.keys()), server.log()
-    assert {r["request_id"]: r["code"] for r in access_lines()} == codes
+    assert {r["request_id"]: r["code"] for r in access_lines() if r.get("request_id") in calls} == codes

@@ -75,8 +75,13 @@ class AutoCheckpointer:
         plan_state: StateProvider | None = None,
         labels: Mapping[str, str] | None = None,
         description: str = "",
+        warnings: list[str] | None = None,
     ) -> Checkpoint | None:
-        """The recorded checkpoint, or None when nothing was (or could be) recorded."""
+        """The recorded checkpoint, or None when nothing was (or could be) recorded.
+
+        A checkpoint that checkpointd could not record, where on_unavailable lets the action go
+        on, is logged and its warning also appended to `warnings` (for a runner that shows it).
+        """
         if self.client is None or not plan_id:
             return None
         settings = self.policy.settings()
@@ -98,13 +103,13 @@ class AutoCheckpointer:
                 raise
             if settings.on_unavailable is OnUnavailable.REFUSE and _guards_an_action(trigger):
                 raise CheckpointUnavailableError(trigger, plan_id, error) from error
-            logger.warning(
-                "checkpointd could not record the %s checkpoint of plan %s (%s: %s); proceeding without it",
-                trigger.value,
-                plan_id,
-                error.code.name,
-                error.message,
+            warning = (
+                f"checkpointd could not record the {trigger.value} checkpoint of plan {plan_id} "
+                f"({error.code.name}: {error.message}); proceeding without it"
             )
+            logger.warning("%s", warning)
+            if warnings is not None:
+                warnings.append(warning)
             return None
 
 
@@ -121,11 +126,13 @@ class ToolCall:
 
 @dataclass
 class ToolCheckpoints:
-    """The checkpoints taken around one tool call (None where none was taken)."""
+    """The checkpoints taken around one tool call (None where none was taken), and the warnings
+    of any that checkpointd could not record while on_unavailable said to proceed."""
 
     tool_call_id: str
     before: Checkpoint | None = None
     after: Checkpoint | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 class ToolCheckpointInterceptor:
@@ -141,28 +148,39 @@ class ToolCheckpointInterceptor:
     @contextmanager
     def guard(self, call: ToolCall) -> Iterator[ToolCheckpoints]:
         """Wrap the tool's body; an exception in it skips the after-checkpoint and propagates."""
-        taken = ToolCheckpoints(tool_call_id=uuid.uuid4().hex)
-        if call.read_only:
-            yield taken
-            return
-        labels = {"tool_call_id": taken.tool_call_id}
-        taken.before = self._record(AutoTrigger.BEFORE_TOOL_EXECUTE, call, labels)
+        taken = self.begin(call)
         yield taken
-        taken.after = self._record(AutoTrigger.AFTER_TOOL_EXECUTE, call, labels)
+        self.finish(call, taken)
+
+    def begin(self, call: ToolCall) -> ToolCheckpoints:
+        """Step one of `guard`, for a runner that cannot wrap the tool in a `with` (an async one):
+        the before_tool_execute checkpoint of a write tool. Raises CheckpointUnavailableError
+        when the tool must not run."""
+        taken = ToolCheckpoints(tool_call_id=uuid.uuid4().hex)
+        if not call.read_only:
+            taken.before = self._record(AutoTrigger.BEFORE_TOOL_EXECUTE, call, taken)
+        return taken
+
+    def finish(self, call: ToolCall, taken: ToolCheckpoints) -> ToolCheckpoints:
+        """Step two of `guard`, only once the tool has succeeded: the after_tool_execute checkpoint."""
+        if not call.read_only:
+            taken.after = self._record(AutoTrigger.AFTER_TOOL_EXECUTE, call, taken)
+        return taken
 
     def around(self, call: ToolCall, run: Callable[[], _Result]) -> _Result:
         with self.guard(call):
             return run()
 
-    def _record(self, trigger: AutoTrigger, call: ToolCall, labels: Mapping[str, str]) -> Checkpoint | None:
+    def _record(self, trigger: AutoTrigger, call: ToolCall, taken: ToolCheckpoints) -> Checkpoint | None:
         return self._checkpointer.record(
             trigger,
             call.plan_id,
             source_tool=call.tool_name,
             workspace_root=call.workspace_root,
             plan_state=call.plan_state,
-            labels=labels,
+            labels={"tool_call_id": taken.tool_call_id},
             description=f"{trigger.value} {call.tool_name}",
+            warnings=taken.warnings,
         )
 
 

@@ -8,6 +8,7 @@ its own local switches on top ("the on_error trigger is disabled on the executor
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from typing import Protocol, Self
 
 import grpc
 
+from checkpoint.v1 import config_service_pb2
 from checkpointd_client.client import ConfigClient, ConfigEntry, ConfigWatch, JsonValue, from_value
 from checkpointd_client.errors import CheckpointdRpcError, InvalidConfigValueError
 from checkpointd_client.vocabulary import AutoTrigger, ConfigKey, OnUnavailable
@@ -68,6 +70,13 @@ def parse_deadline_ms(value: JsonValue) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value <= 0:
         raise InvalidConfigValueError(ConfigKey.CLIENT_DEADLINE_MS, value, "expected a positive integer")
     return int(value)
+
+
+def _source(entry: ConfigEntry) -> str:
+    """Where an entry's value comes from: "default", "global" or "plan"."""
+    names = config_service_pb2.ConfigSource.DESCRIPTOR.values_by_number
+    name = names[entry.source].name if entry.source in names else str(entry.source)
+    return name.removeprefix("CONFIG_SOURCE_").lower()
 
 
 class SettingsSource(Protocol):
@@ -182,7 +191,12 @@ class CheckpointConfigWatcher:
     def _apply(self, entry: ConfigEntry) -> None:
         with self._changed:
             try:
-                self._settings = self._settings.with_value(entry.key, from_value(entry.value))
+                value = from_value(entry.value)
+                settings = self._settings.with_value(entry.key, value)
+                if settings != self._settings:
+                    # Says when a change made on the server is in force here (operators, and tests, wait on it).
+                    logger.info("checkpointd config %s is now %s (%s)", entry.key, json.dumps(value), _source(entry))
+                self._settings = settings
             except ValueError as error:
                 logger.error("refusing checkpointd config %s from the server: %s", entry.key, error)
                 self._refused[entry.key] = error

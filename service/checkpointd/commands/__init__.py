@@ -1,7 +1,9 @@
 """The human side of the ``checkpointd`` command: ls, show, diff, rollback, create, delete,
 config, health (all through the Python client, against a running server), gc (offline,
-on a data directory) and fsck (either). Parsers are declared here; each command's module is imported only
-when it runs, so ``checkpointd serve`` does not pay for rich and the client."""
+on a data directory), fsck (either) and mcp-proxy (an MCP server wrapping another,
+checkpointing its write tools; the code is checkpointd_client.mcp_proxy). Parsers are declared
+here; each command's module is imported only when it runs, so ``checkpointd serve`` does not
+pay for rich and the client."""
 
 from __future__ import annotations
 
@@ -68,6 +70,41 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _mcp_proxy_command(commands) -> None:
+    proxy = commands.add_parser(
+        "mcp-proxy", help="wrap an MCP server, checkpointing around its write tools",
+        usage="checkpointd mcp-proxy [options] --workspace-root DIR (-- COMMAND [ARGS...] | --upstream-url URL)",
+        description="An MCP server to the host (stdio, or Streamable HTTP with --listen-http) and an MCP client "
+                    "to the wrapped MCP server. Every call of a write tool (one whose annotations do not say "
+                    "readOnlyHint: true) runs between a before_tool_execute and, when it succeeds, an "
+                    "after_tool_execute checkpoint of the workspace, as core.checkpoints.auto_create_on and "
+                    "on_unavailable say. Adds the tools checkpoint_list, checkpoint_diff and checkpoint_rollback. "
+                    "Needs the mcp extra.")
+    proxy.add_argument("upstream_command", nargs="*", metavar="COMMAND",
+                       help="after --: the stdio MCP server to start and wrap, with its arguments")
+    proxy.add_argument("--upstream-url", default=None, metavar="URL",
+                       help="wrap a Streamable HTTP MCP server instead (e.g. http://127.0.0.1:8000/mcp)")
+    proxy.add_argument("--upstream-header", dest="upstream_headers", action="append", default=[],
+                       metavar="'NAME: VALUE'", help="HTTP header sent to --upstream-url (repeatable)")
+    proxy.add_argument("--workspace-root", required=True, metavar="DIR",
+                       help="the directory the wrapped server writes to; it is what each checkpoint captures and "
+                            "must lie under one of the server's --workspace-root directories")
+    proxy.add_argument("--plan-id", default=None, metavar="ULID",
+                       help="record into this plan; default: a new plan per run, its id printed on stderr")
+    proxy.add_argument("--read-only-tool", dest="read_only_tools", action="append", default=[], metavar="NAME",
+                       help="never checkpoint around this tool, whatever its annotations say (repeatable)")
+    proxy.add_argument("--write-tool", dest="write_tools", action="append", default=[], metavar="NAME",
+                       help="always checkpoint around this tool, even if annotated readOnlyHint (repeatable)")
+    proxy.add_argument("--no-extra-tools", action="store_true",
+                       help="do not add checkpoint_list, checkpoint_diff and checkpoint_rollback")
+    proxy.add_argument("--listen-http", default=None, metavar="HOST:PORT",
+                       help="serve the host over Streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    proxy.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
+                       help="logging level of the proxy's stderr. Env CHECKPOINTD_LOG_LEVEL")
+    _connection_options(proxy, LONG_TIMEOUT_S)
+    proxy.set_defaults(run=_lazy("mcp_proxy", "mcp_proxy"))
+
+
 def register_commands(commands) -> None:
     ls = _client_command(commands, "ls", "list a plan's checkpoints, newest first", "checkpoints", "ls")
     ls.add_argument("plan_id", metavar="PLAN_ID")
@@ -131,6 +168,8 @@ def register_commands(commands) -> None:
     _json_option(health)
     _connection_options(health, 5.0)
     health.set_defaults(run=_lazy("health", "health"))
+
+    _mcp_proxy_command(commands)
 
     gc = commands.add_parser(
         "gc", help="apply retention and collect unreferenced content, offline",

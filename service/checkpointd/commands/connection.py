@@ -24,24 +24,30 @@ def _read(path: Path, what: str) -> bytes:
         raise ConnectionOptionsError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-def _token(args: argparse.Namespace) -> str | None:
+def token(args: argparse.Namespace) -> str | None:
+    """The bearer token from --token-file, else CHECKPOINTD_TOKEN, else none."""
     if args.token_file is not None:
         return _read(args.token_file, "token file").decode().strip()
     return os.environ.get("CHECKPOINTD_TOKEN") or None
 
 
-def _channel(args: argparse.Namespace, target: str) -> grpc.Channel:
-    credentials = None
+def tls_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """Channel credentials from the --tls-* options; None for plaintext."""
     if args.tls_ca is not None or args.tls_cert is not None:
         if (args.tls_cert is None) != (args.tls_key is None):
             raise ConnectionOptionsError("--tls-cert and --tls-key go together")
-        credentials = grpc.ssl_channel_credentials(
+        return grpc.ssl_channel_credentials(
             root_certificates=_read(args.tls_ca, "CA certificate") if args.tls_ca else None,
             private_key=_read(args.tls_key, "client key") if args.tls_key else None,
             certificate_chain=_read(args.tls_cert, "client certificate") if args.tls_cert else None,
         )
-    elif args.tls_server_name:
+    if args.tls_server_name:
         raise ConnectionOptionsError("--tls-server-name needs TLS: give --tls-ca (or --tls-cert and --tls-key)")
+    return None
+
+
+def _channel(args: argparse.Namespace, target: str) -> grpc.Channel:
+    credentials = tls_credentials(args)
     try:
         return open_channel(target, credentials=credentials, server_name=args.tls_server_name or None)
     except ValueError as exc:
@@ -74,4 +80,4 @@ class Connection:
 
 def connect(args: argparse.Namespace) -> Connection:
     target = args.target or default_target()
-    return Connection(target, _channel(args, target), _token(args), args.timeout)
+    return Connection(target, _channel(args, target), token(args), args.timeout)

@@ -8,9 +8,19 @@ It falls back to a full scan whenever the journal cannot vouch for completeness,
 capture settings changed, a ``.gitignore`` at the root changed, or anything looks
 inconsistent. A ``.gitignore`` deeper down rescans just its directory.
 
-Captures of one workspace are serialized until their batch is committed or aborted, so a
-base always refers to committed objects; an aborted batch restores the previous base and
-hands its dirty paths back to the journal.
+What the journal cannot see is re-examined by every capture: files with more than one name
+(a write through a name in another directory, or outside the workspace, reports only there),
+kept in the base with their inodes, and mount points inside the workspace (see ``mounts``).
+A file that gains a name inside the workspace may have others the base does not know as
+linked, so a capture that meets a new linked inode scans fully. The stat index spares the
+reads of what did not change.
+
+A base is built on only while it is safe to: captures of one workspace are serialized until
+their batch is committed or aborted (an aborted batch restores the previous base and hands
+its dirty paths back to the journal); a committed capture becomes a base only once a
+checkpoint row references it (``record``), since garbage collection keeps only what rows
+reach; and after any deletion from the store (``deletions``) the next capture scans fully,
+re-checking every object it reuses.
 """
 
 from __future__ import annotations
@@ -25,12 +35,18 @@ from dataclasses import dataclass, field
 from checkpointd.core import telemetry
 from checkpointd.core.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.index import Indexed, RootIndex
+from checkpointd.core.mounts import MountTable, MountTableUnavailable
 from checkpointd.core.snapshot import (
     DIR_FLAGS,
+    ENTRY_ATTEMPTS,
+    FLIPPED,
+    MAX_DIR_DEPTH,
+    SKIP_TOO_DEEP,
     SKIP_TOO_LARGE,
     SKIP_UNREADABLE,
     SKIP_UNSUPPORTED,
     CaptureResult,
+    Inode,
     ScanTally,
     Skipped,
     Snapshotter,
@@ -39,19 +55,24 @@ from checkpointd.core.snapshot import (
     read_file,
     stored,
     symlink_entry,
+    too_deep,
     when_finished,
 )
 from checkpointd.core.store import Batch
 from checkpointd.core.telemetry import CaptureMode
 from checkpointd.core.tree import Entry, EntryKind, Trees
-from checkpointd.core.watcher import SUBTREE, Changes, Journal, Watcher
-from checkpointd.core.workspace import UnsafePath, Workspace
+from checkpointd.core.watcher import ENTRY, SUBTREE, Changes, Journal, Watcher
+from checkpointd.core.workspace import Directories, UnsafePath, Workspace
 
 log = logging.getLogger("checkpointd.capture")
 
 
 class _NeedFullScan(Exception):
     """The dirty paths cannot be applied to the base safely."""
+
+
+class _Flipped(Exception):
+    """An entry changed type between two looks at it."""
 
 
 @dataclass
@@ -61,9 +82,17 @@ class _Base:
     file_count: int
     total_size: int
     skipped: dict[str, Skipped]
-    #: The store's deletion count when taken (None: the store keeps none): after a deletion
-    #: the base is used only if its tree is still stored.
+    #: The store's deletion count when the capture began (None: the store keeps none). Any
+    #: deletion since may have taken objects the base reaches: the next capture scans fully.
     deletions: int | None
+    #: Files with several names (see ``CaptureResult.linked``): re-examined by every capture.
+    linked: dict[str, Inode]
+    #: Mount points under the root when it was taken: re-examined by every capture, and so
+    #: are those that appear or go.
+    mounts: frozenset[str]
+    #: Whether a checkpoint row references the tree (see ``Capturer.record``). Until one does,
+    #: garbage collection may take what only this tree reaches: it is not built on.
+    recorded: bool = False
 
 
 @dataclass
@@ -72,6 +101,13 @@ class _Root:
     base: _Base | None = None
     #: The ignore rules of the base, kept while no .gitignore and no directory changed.
     rules: IgnoreRules | None = None
+
+
+def _restat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
 
 
 def _parent(path: str) -> str:
@@ -97,8 +133,12 @@ class Capturer:
         self.watcher = watcher
         self._roots: dict[str, _Root] = {}
         self._roots_lock = threading.Lock()
+        self.mounts = MountTable()
         #: How the captures went, for tests and logs.
         self.counts = dict.fromkeys(CaptureMode, 0)
+
+    def close(self) -> None:
+        self.mounts.close()
 
     def _captured(self, mode: CaptureMode, started: float) -> None:
         self.counts[mode] += 1
@@ -107,6 +147,8 @@ class Capturer:
     def capture(self, workspace: Workspace, patterns: list[str], excluded: list[str], max_size: int,
                 batch: Batch) -> CaptureResult:
         started = time.perf_counter()
+        # Read before anything is looked up in the store: a deletion during the capture counts.
+        deletions = getattr(self.store, "deletions", None)
         if self.watcher is None:
             result = self.snapshotter.capture(workspace, disk_rules(workspace, patterns, excluded), max_size, batch)
             self._captured(CaptureMode.UNWATCHED, started)
@@ -127,7 +169,8 @@ class Capturer:
                 result = self.snapshotter.capture(workspace, disk_rules(workspace, patterns, excluded), max_size,
                                                   batch)
             else:
-                result, changes, mode = self._capture_watched(state, journal, workspace, settings, max_size, batch)
+                result, changes, mode = self._capture_watched(state, journal, workspace, settings, max_size, batch,
+                                                              deletions)
             self._captured(mode, started)
         except BaseException:
             state.base = None
@@ -149,50 +192,108 @@ class Capturer:
             state.lock.release()
         return result
 
+    def record(self, workspace_root: str, tree: str) -> None:
+        """Says that a committed checkpoint row references ``tree``, the last capture of
+        ``workspace_root``: the next capture may build on it. A capture no row references (a
+        diff against the live workspace, a create or rollback whose row failed) is never built
+        on, as garbage collection may delete what only it reaches."""
+        with self._roots_lock:
+            state = self._roots.get(workspace_root)
+        if state is None:
+            return
+        with state.lock:
+            if state.base is not None and state.base.tree == tree:
+                state.base.recorded = True
+
     def _capture_watched(self, state: _Root, journal: Journal, workspace: Workspace, settings: tuple,
-                         max_size: int, batch: Batch) -> tuple[CaptureResult, Changes, CaptureMode]:
+                         max_size: int, batch: Batch,
+                         deletions: int | None) -> tuple[CaptureResult, Changes, CaptureMode]:
         patterns, excluded = list(settings[0]), list(settings[1])
         synced = self.watcher.sync()
         changes = self.watcher.take(journal)
         base = state.base
-        reason = changes.full
+        try:
+            mounts = self.mounts.under(workspace.root)
+            reason = changes.full
+        except MountTableUnavailable as exc:
+            mounts = frozenset()
+            reason = changes.full or str(exc)
         if not synced:
             reason = "the file watcher could not be synced"
         elif base is None:
             reason = reason or "no previous capture"
         elif base.settings != settings:
             reason = "the capture settings changed"
-        elif not self._still_stored(base):
-            reason = "the last capture's tree was deleted from the store"
+        elif not base.recorded:
+            reason = "no checkpoint references the last capture"
+        elif deletions is None or base.deletions != deletions:
+            reason = "objects were deleted from the store since the last capture"
         if not reason:
-            rules = state.rules
-            if rules is None or any(kind & SUBTREE or path.rpartition("/")[2] == GITIGNORE
-                                    for path, kind in changes.dirty.items()):
-                rules = disk_rules(workspace, patterns, excluded)
-            state.rules = rules
+            indexed = self.snapshotter.index.for_root(workspace.root)
             try:
-                result = self._incremental(base, changes.dirty, workspace, rules, max_size, batch, journal)
+                with workspace.directories() as dirs:
+                    dirty, unchanged_linked = self._unvouched(base, changes.dirty, mounts, dirs, indexed)
+                    rules = state.rules
+                    if rules is None or any(kind & SUBTREE or path.rpartition("/")[2] == GITIGNORE
+                                            for path, kind in dirty.items()):
+                        rules = disk_rules(workspace, patterns, excluded)
+                    state.rules = rules
+                    result = self._incremental(base, dirty, unchanged_linked, dirs, rules, max_size, batch,
+                                               journal, indexed)
             except _NeedFullScan as why:
                 reason = str(why)
             else:
                 state.base = _Base(settings, result.tree, result.file_count, result.total_size,
-                                   {s.path: s for s in result.skipped}, getattr(self.store, "deletions", None))
+                                   {s.path: s for s in result.skipped}, deletions, result.linked, mounts)
                 return result, changes, CaptureMode.INCREMENTAL
         log.debug("full scan of %s: %s", workspace.root, reason)
         self.watcher.reset(journal)
         state.rules = disk_rules(workspace, patterns, excluded)
         result = self.snapshotter.capture(workspace, state.rules, max_size, batch, self._hook(journal))
         state.base = _Base(settings, result.tree, result.file_count, result.total_size,
-                           {s.path: s for s in result.skipped}, getattr(self.store, "deletions", None))
+                           {s.path: s for s in result.skipped}, deletions, result.linked, mounts)
         # Watches were dropped and added again during the scan: if its batch is not committed,
         # what happened meanwhile is known only to that scan, so the next capture scans fully.
         return result, Changes(changes.dirty, reason or "a full scan was not committed"), CaptureMode.FULL
 
-    def _still_stored(self, base: _Base) -> bool:
-        """Garbage collection deletes only what no checkpoint reaches: if the base's root node
-        is still there, so is everything under it."""
-        deletions = getattr(self.store, "deletions", None)
-        return (deletions is not None and base.deletions == deletions) or self.store.has(base.tree)
+    def _unvouched(self, base: _Base, dirty: dict[str, int], mounts: frozenset[str], dirs: Directories,
+                   indexed: RootIndex) -> tuple[dict[str, int], dict[str, Inode]]:
+        """The journal's dirty paths plus what it cannot vouch for: the base's linked files whose
+        stat no longer matches the index, and every mount point (those there now, and those that
+        came or went since). Also returns the linked files found unchanged."""
+        if not base.linked and not mounts and not base.mounts:
+            return dirty, {}
+        extended = dict(dirty)
+        unchanged = self._unchanged_linked(base, dirs, indexed)
+        for path in base.linked:
+            if path not in unchanged:
+                extended[path] = extended.get(path, 0) | ENTRY
+        for path in mounts | base.mounts:
+            parent = _parent(path)
+            # A mount point in a directory the base did not capture (ignored, unreadable) is moot.
+            if parent:
+                entry = self.trees.lookup(base.tree, parent)
+                if entry is None or entry.kind is not EntryKind.DIR:
+                    continue
+            extended[path] = extended.get(path, 0) | SUBTREE
+        return extended, unchanged
+
+    @staticmethod
+    def _unchanged_linked(base: _Base, dirs: Directories, indexed: RootIndex) -> dict[str, Inode]:
+        """The base's linked files that are still what the base recorded: the same inode, still
+        linked, and a stat that matches the index (a write through any name changes it)."""
+        unchanged: dict[str, Inode] = {}
+        for path in sorted(base.linked):
+            parent, _, name = path.rpartition("/")
+            try:
+                st = os.lstat(name, dir_fd=dirs.fd(parent))
+            except (OSError, UnsafePath):
+                continue
+            known = indexed.get(path)
+            if (stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and known is not None
+                    and (st.st_dev, st.st_ino) == base.linked[path] and known.matches(st)):
+                unchanged[path] = base.linked[path]
+        return unchanged
 
     def _hook(self, journal: Journal):
         watcher = self.watcher
@@ -204,36 +305,56 @@ class Capturer:
 
         return on_dir
 
-    def _incremental(self, base: _Base, dirty: dict[str, int], workspace: Workspace, rules: IgnoreRules,
-                     max_size: int, batch: Batch, journal: Journal) -> CaptureResult:
-        dirty = {path: kind for path, kind in dirty.items() if path}
+    def _incremental(self, base: _Base, dirty: dict[str, int], unchanged_linked: dict[str, Inode],
+                     dirs: Directories, rules: IgnoreRules, max_size: int, batch: Batch, journal: Journal,
+                     indexed: RootIndex) -> CaptureResult:
+        # Deeper paths are under a directory too deep to be entered (see ``MAX_DIR_DEPTH``).
+        dirty = {path: kind for path, kind in dirty.items() if path and path.count("/") <= MAX_DIR_DEPTH}
         for path in list(dirty):
             if path.rpartition("/")[2] == GITIGNORE:
                 directory = _parent(path)
                 if not directory:
                     raise _NeedFullScan("the root .gitignore changed")
                 dirty[directory] = dirty.get(directory, 0) | SUBTREE
-        indexed = self.snapshotter.index.for_root(workspace.root)
         apply = _Delta(base, self.trees, indexed)
         for path in sorted(dirty):
             if _under(path, apply.replaced):
                 continue
-            self._examine(path, dirty[path], apply, workspace, rules, max_size, batch, journal, indexed)
+            self._examine(path, dirty[path], apply, dirs, rules, max_size, batch, journal, indexed)
+        known_inodes = set(base.linked.values())
+        if not known_inodes.issuperset(apply.linked.values()):
+            # Its other names in the workspace may be files the base took for single ones.
+            raise _NeedFullScan("a file gained another name (a hard link)")
+        linked = apply.linked
+        for path, inode in unchanged_linked.items():
+            if path not in apply.updates and not _under(path, apply.replaced):
+                linked[path] = inode
         tree = self.trees.apply(batch, base.tree, apply.updates) if apply.updates else base.tree
         self.snapshotter.remember(batch, indexed, apply.fresh, apply.stale)
         skipped = sorted(apply.skipped.values(), key=lambda s: s.path)
-        return CaptureResult(tree, apply.file_count, apply.total_size, skipped)
+        return CaptureResult(tree, apply.file_count, apply.total_size, skipped, linked)
 
-    def _examine(self, path: str, kind: int, delta: _Delta, workspace: Workspace, rules: IgnoreRules,
+    def _examine(self, path: str, kind: int, delta: _Delta, dirs: Directories, rules: IgnoreRules,
                  max_size: int, batch: Batch, journal: Journal, indexed: RootIndex) -> None:
-        """Works out the entry at one dirty path and records it in ``delta``."""
+        """Works out the entry at one dirty path and records it in ``delta``. An entry that
+        changes type meanwhile is looked at again, a few times; one that keeps changing, or a
+        path that cannot be reached, is left to a full scan."""
         old = self.trees.lookup(delta.base.tree, path)
         parent, _, name = path.rpartition("/")
-        try:
-            with workspace.dir_fd(parent) as parent_fd:
-                self._examine_in(parent_fd, path, name, kind, old, delta, rules, max_size, batch, journal, indexed)
-        except (FileNotFoundError, NotADirectoryError, UnsafePath):
-            delta.set(path, old, None)
+        for _attempt in range(ENTRY_ATTEMPTS):
+            try:
+                self._examine_in(dirs.fd(parent), path, name, kind, old, delta, rules, max_size, batch, journal,
+                                 indexed)
+                return
+            except (FileNotFoundError, NotADirectoryError, UnsafePath):
+                delta.set(path, old, None)
+                return
+            except _Flipped:
+                delta.linked.pop(path, None)
+                continue
+            except OSError as exc:
+                raise _NeedFullScan(f"{path!r} could not be examined ({exc.strerror or exc})") from exc
+        raise _NeedFullScan(f"{path!r} kept changing type while it was examined")
 
     def _examine_in(self, parent_fd: int, path: str, name: str, kind: int, old: Entry | None, delta: _Delta,
                     rules: IgnoreRules, max_size: int, batch: Batch, journal: Journal, indexed: RootIndex) -> None:
@@ -253,13 +374,17 @@ class Capturer:
                 raise _NeedFullScan(f"{path!r} changed in a directory the last capture did not have")
         mode = file_mode(st)
         if is_dir:
-            if kind & SUBTREE or old is None or old.kind is not EntryKind.DIR:
-                self.watcher.reset(journal, path)
-                tally = ScanTally()
+            if too_deep(path):
+                delta.set(path, old, None, skip=Skipped(path, 0, SKIP_TOO_DEEP))
+            elif kind & SUBTREE or old is None or old.kind is not EntryKind.DIR:
                 try:
                     fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
                 except OSError as exc:
+                    if exc.errno in FLIPPED:
+                        raise _Flipped(path) from exc
                     raise _NeedFullScan(f"{path!r} changed while it was scanned") from exc
+                self.watcher.reset(journal, path)
+                tally = ScanTally()
                 subtree = self.snapshotter.scan(fd, path + "/", rules, max_size, batch, indexed, tally,
                                                 self._hook(journal))
                 delta.set(path, old, Entry(EntryKind.DIR, mode, 0, subtree), tally)
@@ -267,11 +392,19 @@ class Capturer:
                 delta.set(path, old, Entry(EntryKind.DIR, mode))
             return
         if stat.S_ISLNK(st.st_mode):
-            delta.set(path, old, symlink_entry(os.readlink(name, dir_fd=parent_fd)))
+            try:
+                target = os.readlink(name, dir_fd=parent_fd)
+            except OSError as exc:
+                if exc.errno in FLIPPED:
+                    raise _Flipped(path) from exc
+                raise
+            delta.set(path, old, symlink_entry(target))
             return
         if not stat.S_ISREG(st.st_mode):
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_UNSUPPORTED))
             return
+        if st.st_nlink > 1:
+            delta.linked[path] = (st.st_dev, st.st_ino)
         if st.st_size > max_size:
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_TOO_LARGE))
             return
@@ -283,9 +416,14 @@ class Capturer:
         previous = old.digest if old is not None and old.kind is EntryKind.FILE else ""
         result = read_file(parent_fd, name, batch, previous)
         if result is None:
+            now = _restat(parent_fd, name)
+            if now is None or not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:
+                raise _Flipped(path)
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_UNREADABLE))
             return
         entry, opened = result
+        if opened.st_nlink > 1:
+            delta.linked[path] = (opened.st_dev, opened.st_ino)
         if entry.size == opened.st_size:
             delta.fresh[path] = Indexed(entry.size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
                                         entry.digest, now_ns)
@@ -307,6 +445,8 @@ class _Delta:
         self.skipped = dict(base.skipped)
         self.fresh: dict[str, Indexed] = {}
         self.stale: list[str] = []
+        #: Linked files met by this capture (see ``CaptureResult.linked``).
+        self.linked: dict[str, Inode] = {}
 
     def set(self, path: str, old: Entry | None, new: Entry | None, tally: ScanTally | None = None,
             skip: Skipped | None = None) -> None:
@@ -341,6 +481,7 @@ class _Delta:
             for skipped in tally.skipped:
                 self.skipped[skipped.path] = skipped
             self.fresh.update(tally.fresh)
+            self.linked.update(tally.linked)
             seen = tally.seen
         if skip is not None:
             self.skipped[path] = skip

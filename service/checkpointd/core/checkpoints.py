@@ -288,6 +288,7 @@ class Checkpoints:
         """Writes what waits in the group commit, then stops the snapshot engine's reader
         processes; a capture still running reads its files itself."""
         self._new_checkpoints.close()
+        self.capturer.close()
         self.snapshotter.close()
 
     # -- plumbing -----------------------------------------------------------------------
@@ -556,6 +557,8 @@ class Checkpoints:
             if winner is None:
                 raise
             return winner
+        if capture is not None:
+            self.capturer.record(plan.workspace_root, capture.tree)
         crash_point(Point.CREATE_COMMITTED)
         return Checkpoint(row)
 
@@ -730,11 +733,17 @@ class Checkpoints:
         return [c for c in changes if not subset or is_under(c.path, subset)]
 
     def _diff_live(self, base: CheckpointRow, plan: PlanRow) -> list[Change]:
-        """Diff against a capture that no checkpoint references: the GC fence is held
-        until the diff has read every node of it."""
-        with self._plan_lock(base.plan_id), self.store.referencing(), self.store.batch() as batch:
-            live_tree = self._capture(plan, batch)[0].tree
-            return list(self.trees.diff(base.tree_digest, live_tree))
+        """Diff against a capture that no checkpoint references: the GC fence is held until
+        the diff has read every node of it, then its batch is dropped, so that nothing builds
+        on a capture garbage collection would not keep (the previous capture stays the base,
+        and what changed since is captured again by the next checkpoint)."""
+        with self._plan_lock(base.plan_id), self.store.referencing():
+            batch = self.store.batch()
+            try:
+                live_tree = self._capture(plan, batch)[0].tree
+                return list(self.trees.diff(base.tree_digest, live_tree))
+            finally:
+                batch.abort()
 
     @staticmethod
     def _subset(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -822,6 +831,8 @@ class Checkpoints:
             except BaseException:
                 self.journal.remove(plan_id)
                 raise
+            if capture is not None:
+                self.capturer.record(plan.workspace_root, capture.tree)
             crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
             if entry is not None:
                 self._apply_journaled(entry, changes)
@@ -925,6 +936,7 @@ class Checkpoints:
                                        rollback_target_checkpoint_id=goal.checkpoint_id)
                 self._write_checkpoints(CoreRows(session.connection()), [_NewCheckpoint(safety)])
                 session.commit()
+                self.capturer.record(plan.workspace_root, capture.tree)
             if changes:
                 self.restorer.apply(workspace, changes)
         crash_point(Point.ROLLBACK_APPLIED)

@@ -50,6 +50,9 @@ class Point(enum.StrEnum):
     WORKSPACE_WRITE = "workspace.write"
     #: Rollback: every change is applied; the journal is not removed yet.
     ROLLBACK_APPLIED = "rollback.applied"
+    #: Garbage collection: the candidates (objects no checkpoint referenced) are listed; nothing
+    #: is deleted yet, and checkpoints, diffs and rollbacks go on meanwhile.
+    GC_LISTED = "gc.listed"
     #: Pack compaction: the live records and carried tombstones are appended, not synced yet.
     COMPACT_COPIED = "compact.copied"
     #: Pack compaction: the copies are durable; the compacted pack is not removed yet.

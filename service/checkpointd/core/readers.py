@@ -22,6 +22,7 @@ import logging
 import marshal
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -62,12 +63,17 @@ class Opened(NamedTuple):
     st_mtime_ns: int
     st_ctime_ns: int
     st_ino: int
+    st_nlink: int
+    st_dev: int
 
 
 class TooLarge(NamedTuple):
     """A file found larger than the scan's size cap once opened."""
 
     size: int
+    st_nlink: int = 1
+    st_dev: int = 0
+    st_ino: int = 0
 
 
 def chunks(names: list[str], sizes: list[int]) -> list[list[str]]:
@@ -320,14 +326,14 @@ class Readers:
                 for name, result in zip(task.names, results, strict=True):
                     if result is None:
                         out.append(None)
-                    elif len(result) == 7:
-                        mode, st_size, mtime_ns, ctime_ns, ino, size, record = result
+                    elif len(result) == 9:
+                        mode, st_size, mtime_ns, ctime_ns, ino, nlink, dev, size, record = result
                         digest = record[:32].hex()
                         records.append((digest, record))
-                        out.append((Entry(EntryKind.FILE, mode & 0o777, size, digest),
-                                    Opened(st_size, mtime_ns, ctime_ns, ino)))
+                        out.append((Entry(EntryKind.FILE, stat.S_IMODE(mode), size, digest),
+                                    Opened(st_size, mtime_ns, ctime_ns, ino, nlink, dev)))
                     elif result[0] == readworker.TOO_LARGE:
-                        out.append(TooLarge(result[1]))
+                        out.append(TooLarge(*result[1:]))
                     else:
                         out.append(self.fallback(task.dir_fd, [(name, "")], task.batch, task.max_size)[0])
                 task.batch.put_records(records)

@@ -9,9 +9,10 @@ A reader gets tasks on a SOCK_SEQPACKET socket: one message
 ``marshal((task, max_size, names))`` with the directory's file descriptor attached
 (SCM_RIGHTS); it opens each name relative to that descriptor, never following a link,
 and answers on a pipe with a frame ``length (4, big-endian) | marshal((task, results))``.
-A result is None (not a regular file, or unreadable), ``(TOO_LARGE, size)`` (larger than
-``max_size``), ``(ELSEWHERE,)`` (larger than what a reader handles: the server reads it), or
-``(mode, st_size, mtime_ns, ctime_ns, ino, size, record)``: the opened file's stat, then
+A result is None (not a regular file, or unreadable), ``(TOO_LARGE, size, nlink, dev, ino)`` (larger than
+``max_size``; then its link count, device and inode), ``(ELSEWHERE,)`` (larger than what a
+reader handles: the server reads it), or ``(mode, st_size, mtime_ns, ctime_ns, ino, nlink, dev,
+size, record)``: the opened file's stat, then
 how many bytes were read and the pack record storing them (``RECORD`` header, body). A
 reader writes nothing anywhere else: the server appends the records to its store.
 It exits when the task socket closes.
@@ -121,7 +122,7 @@ def _open(dir_fd: int, name: bytes, max_size: int, read_more: bool):
         if not stat.S_ISREG(opened.st_mode):
             return None
         if opened.st_size > max_size:
-            return TOO_LARGE, opened.st_size
+            return TOO_LARGE, opened.st_size, opened.st_nlink, opened.st_dev, opened.st_ino
         if opened.st_size > COMPRESS_LIMIT or not read_more:
             return (ELSEWHERE,)
         # The disk starts on it now, while the files before it are read and packed.
@@ -148,7 +149,8 @@ def _read_opened(found: _Opened):
         return (ELSEWHERE,)
     kind, body = pack_body(data)
     return (opened.st_mode, opened.st_size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
-            len(data), RECORD.pack(hashlib.sha256(data).digest(), kind, len(body)) + body)
+            opened.st_nlink, opened.st_dev, len(data),
+            RECORD.pack(hashlib.sha256(data).digest(), kind, len(body)) + body)
 
 
 def read_task(dir_fd: int, names: list[bytes], max_size: int) -> list:

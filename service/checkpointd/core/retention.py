@@ -43,6 +43,7 @@ from checkpointd.core.config import (
 from checkpointd.core.db import Database
 from checkpointd.core.db_store import DatabaseStore
 from checkpointd.core.errors import CheckpointdError, NotFound
+from checkpointd.core.faults import Point, crash_point
 from checkpointd.core.models import CheckpointRow, ConfigRow, ObjectRow
 from checkpointd.core.store import ContentStore
 from checkpointd.core.telemetry import GcReport
@@ -317,6 +318,7 @@ class Maintenance:
         # checkpoint committed since then references is marked again under the fence.
         candidates = [d for d in self.store.iter_digests() if d not in marker.referenced]
         sizes = object_sizes(self.store, candidates)
+        crash_point(Point.GC_LISTED)
         deleted = reclaimed = 0
         with self.store.collecting():
             self._mark_rows(marker, seen)

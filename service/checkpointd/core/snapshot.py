@@ -11,6 +11,7 @@ besides system calls and compression holds the GIL, so only processes use every 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -28,12 +29,19 @@ from checkpointd.core.readers import Readers, TooLarge, chunks
 from checkpointd.core.readworker import COMPRESS_LIMIT
 from checkpointd.core.store import Batch, ContentStore, digest_bytes
 from checkpointd.core.tree import Entry, EntryKind, Trees
-from checkpointd.core.workspace import Workspace
+from checkpointd.core.workspace import UnsafePath, Workspace, is_temp_name
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: Names the server itself creates in a workspace (rollback's temporary files); never captured.
-TEMP_PREFIX = ".checkpointd-tmp-"
+#: A directory this many levels below the root is captured; one deeper is not entered (it is
+#: reported as skipped): trees, diffs and restores recurse once per level, and a walk holds
+#: a descriptor per level.
+MAX_DIR_DEPTH = 256
+#: How many times an entry that changes type while it is captured (a directory that becomes
+#: a symlink...) is looked at again before it is reported as skipped.
+ENTRY_ATTEMPTS = 3
+#: errno values of an entry that is no longer the type it was a moment ago.
+FLIPPED = (errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EINVAL, errno.EISDIR)
 #: A directory with at least this many files to read hands them to the thread pool.
 _PARALLEL_MIN_FILES = 8
 #: A scan that has found this many files to read hands the next ones to reader processes.
@@ -42,6 +50,12 @@ READERS_MIN_FILES = 2000
 SKIP_TOO_LARGE = "FILE_TOO_LARGE"
 SKIP_UNSUPPORTED = "UNSUPPORTED_FILE_TYPE"
 SKIP_UNREADABLE = "UNREADABLE"
+#: A name the server gives its own temporary files (see ``workspace.is_temp_name``).
+SKIP_SERVER_TEMPORARY = "SERVER_TEMPORARY_FILE"
+#: A directory deeper than ``MAX_DIR_DEPTH``: neither it nor anything under it is captured.
+SKIP_TOO_DEEP = "TOO_DEEP"
+#: An entry that kept changing type while it was captured (``ENTRY_ATTEMPTS`` looks).
+SKIP_CHANGING = "CHANGED_DURING_CAPTURE"
 
 #: Called with (relative directory path, its open fd) before a directory is listed.
 DirectoryHook = Callable[[str, int], None]
@@ -54,12 +68,19 @@ class Skipped:
     reason: str
 
 
+#: A file's identity: (st_dev, st_ino).
+Inode = tuple[int, int]
+
+
 @dataclass(slots=True)
 class CaptureResult:
     tree: str
     file_count: int = 0
     total_size: int = 0
     skipped: list[Skipped] = field(default_factory=list)
+    #: Captured (or too large) regular files with more than one name, and their inodes: a write
+    #: through another name, maybe outside the workspace, is reported to no watch of ours.
+    linked: dict[str, Inode] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -72,6 +93,8 @@ class ScanTally:
     fresh: dict[str, Indexed] = field(default_factory=dict)
     #: Every regular file seen (captured or not): index entries of other paths are stale.
     seen: set[str] = field(default_factory=set)
+    #: See ``CaptureResult.linked``.
+    linked: dict[str, Inode] = field(default_factory=dict)
     #: Files handed to be read so far, and whether reader processes take them (None: not asked yet).
     reading: int = 0
     readers: bool | None = None
@@ -110,7 +133,13 @@ def disk_rules(workspace: Workspace, patterns: list[str], excluded: list[str]) -
 
 
 def file_mode(st: os.stat_result) -> int:
-    return stat.S_IMODE(st.st_mode) & 0o777
+    """Permission bits with setuid, setgid and sticky (restore sets them all back)."""
+    return stat.S_IMODE(st.st_mode)
+
+
+def too_deep(path: str) -> bool:
+    """Whether directory ``path`` is below ``MAX_DIR_DEPTH`` (it is not entered)."""
+    return path.count("/") >= MAX_DIR_DEPTH
 
 
 def symlink_entry(target: str) -> Entry:
@@ -168,7 +197,8 @@ class Snapshotter:
             raise
         if first and not when_finished(batch, lambda _committed: heap.resume()):
             heap.resume()
-        return CaptureResult(tree, tally.file_count, tally.total_size, sorted(tally.skipped, key=_by_path))
+        return CaptureResult(tree, tally.file_count, tally.total_size, sorted(tally.skipped, key=_by_path),
+                             tally.linked)
 
     @staticmethod
     def remember(batch: Batch, indexed: RootIndex, fresh: dict[str, Indexed], stale: list[str]) -> None:
@@ -212,9 +242,11 @@ class Snapshotter:
             unstated = tally.readers is True
             for de in listing:
                 name = de.name
-                if name.startswith(TEMP_PREFIX):
-                    continue
                 path = prefix + name
+                if is_temp_name(name):
+                    if not rules.ignores_entry(path, is_dir=de.is_dir(follow_symlinks=False)):
+                        _skip_temporary(de, path, tally)
+                    continue
                 if unstated and de.is_file(follow_symlinks=False) and path not in indexed.entries:
                     tally.seen.add(path)
                     if not rules.ignores_entry(path, is_dir=False):
@@ -224,43 +256,66 @@ class Snapshotter:
                     st = de.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                mode = st.st_mode
-                if stat.S_ISDIR(mode):
-                    if rules.ignores_entry(path, is_dir=True):
-                        continue
-                    try:
-                        sub_fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-                    except OSError:
-                        tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
-                        continue
-                    sub = self._walk(sub_fd, path + "/", rules, max_size, batch, indexed, tally, on_dir)
-                    walked.subdirs.append((name, file_mode(st), sub))
-                    continue
-                if stat.S_ISREG(mode):
-                    tally.seen.add(path)
-                if rules.ignores_entry(path, is_dir=False):
-                    continue
-                if stat.S_ISREG(mode):
-                    if st.st_size > max_size:
-                        tally.skipped.append(Skipped(path, st.st_size, SKIP_TOO_LARGE))
-                        continue
-                    known = indexed.get(path)
-                    if known is not None and known.matches(st) and stored(batch, self.store, known.digest):
-                        children[name] = Entry(EntryKind.FILE, file_mode(st), known.size, known.digest)
+                # An entry can change type between its stat and what is done with it: it is looked
+                # at again, a few times, then reported as skipped.
+                for _attempt in range(ENTRY_ATTEMPTS):
+                    mode = st.st_mode
+                    if stat.S_ISDIR(mode):
+                        if rules.ignores_entry(path, is_dir=True):
+                            break
+                        if too_deep(path):
+                            tally.skipped.append(Skipped(path, 0, SKIP_TOO_DEEP))
+                            break
+                        try:
+                            sub_fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+                        except OSError as exc:
+                            if exc.errno in FLIPPED:
+                                st = _restat(dir_fd, name)
+                                if st is None:
+                                    break
+                                continue
+                            tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
+                            break
+                        sub = self._walk(sub_fd, path + "/", rules, max_size, batch, indexed, tally, on_dir)
+                        walked.subdirs.append((name, file_mode(st), sub))
+                        break
+                    if stat.S_ISREG(mode):
+                        tally.seen.add(path)
+                    if rules.ignores_entry(path, is_dir=False):
+                        break
+                    if stat.S_ISREG(mode):
+                        if st.st_nlink > 1:
+                            tally.linked[path] = (st.st_dev, st.st_ino)
+                        if st.st_size > max_size:
+                            tally.skipped.append(Skipped(path, st.st_size, SKIP_TOO_LARGE))
+                            break
+                        known = indexed.get(path)
+                        if known is not None and known.matches(st) and stored(batch, self.store, known.digest):
+                            children[name] = Entry(EntryKind.FILE, file_mode(st), known.size, known.digest)
+                            tally.file_count += 1
+                            tally.total_size += known.size
+                        else:
+                            to_read.append((name, path, st, known.digest if known is not None else ""))
+                        break
+                    if stat.S_ISLNK(mode):
+                        try:
+                            entry = symlink_entry(os.readlink(name, dir_fd=dir_fd))
+                        except OSError as exc:
+                            if exc.errno not in FLIPPED:
+                                tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
+                                break
+                            st = _restat(dir_fd, name)
+                            if st is None:
+                                break
+                            continue
+                        children[name] = entry
                         tally.file_count += 1
-                        tally.total_size += known.size
-                    else:
-                        to_read.append((name, path, st, known.digest if known is not None else ""))
-                elif stat.S_ISLNK(mode):
-                    try:
-                        entry = symlink_entry(os.readlink(name, dir_fd=dir_fd))
-                    except FileNotFoundError:
-                        continue
-                    children[name] = entry
-                    tally.file_count += 1
-                    tally.total_size += entry.size
-                else:
+                        tally.total_size += entry.size
+                        break
                     tally.skipped.append(Skipped(path, st.st_size, SKIP_UNSUPPORTED))
+                    break
+                else:
+                    tally.skipped.append(Skipped(path, 0, SKIP_CHANGING))
             walked.read_at = time.time_ns()
             if to_read:
                 tally.reading += len(to_read)
@@ -340,9 +395,13 @@ class Snapshotter:
                 tally.skipped.append(Skipped(path, st.st_size if st is not None else 0, SKIP_UNREADABLE))
                 continue
             if isinstance(result, TooLarge):
+                if result.st_nlink > 1:
+                    tally.linked[path] = (result.st_dev, result.st_ino)
                 tally.skipped.append(Skipped(path, result.size, SKIP_TOO_LARGE))
                 continue
             entry, opened = result
+            if opened.st_nlink > 1:
+                tally.linked[path] = (opened.st_dev, opened.st_ino)
             if entry.size == opened.st_size:
                 tally.fresh[path] = Indexed(entry.size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
                                             entry.digest, walked.read_at)
@@ -366,31 +425,71 @@ class Snapshotter:
 
         Used for a rollback's safety checkpoint: anything the rollback will replace must
         be recoverable, even a file the current rules leave out. Missing paths are absent.
+        A path that keeps changing type while it is read raises ``UnsafePath`` (the rollback
+        stops before changing anything).
         """
         out: dict[str, Entry] = {}
         for path in paths:
-            st = workspace.lstat(path)
-            if st is None:
-                continue
-            mode = file_mode(st)
             parent, _, name = path.rpartition("/")
             with workspace.dir_fd(parent) as dfd:
-                if stat.S_ISDIR(st.st_mode):
-                    out[path] = Entry(EntryKind.DIR, mode)
-                elif stat.S_ISLNK(st.st_mode):
-                    out[path] = symlink_entry(os.readlink(name, dir_fd=dfd))
-                elif stat.S_ISREG(st.st_mode):
-                    fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+                for _attempt in range(ENTRY_ATTEMPTS):
+                    st = _restat(dfd, name)
+                    if st is None:
+                        break
                     try:
-                        digest, size = batch.put_fd(fd, st.st_size)
-                    finally:
-                        os.close(fd)
-                    out[path] = Entry(EntryKind.FILE, mode, size, digest)
+                        entry = _entry_at(dfd, name, st, batch)
+                    except OSError as exc:
+                        if exc.errno in FLIPPED:
+                            continue
+                        raise
+                    if entry is not None:
+                        out[path] = entry
+                    break
+                else:
+                    raise UnsafePath(path)
         return out
+
+
+def _entry_at(dir_fd: int, name: str, st: os.stat_result, batch: Batch) -> Entry | None:
+    """The entry ``name`` is, as ``st`` says, with its content stored (None: not a kind captured)."""
+    mode = file_mode(st)
+    if stat.S_ISDIR(st.st_mode):
+        return Entry(EntryKind.DIR, mode)
+    if stat.S_ISLNK(st.st_mode):
+        return symlink_entry(os.readlink(name, dir_fd=dir_fd))
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise OSError(errno.EISDIR, "no longer a regular file")
+        digest, size = batch.put_fd(fd, opened.st_size)
+    finally:
+        os.close(fd)
+    return Entry(EntryKind.FILE, file_mode(opened), size, digest)
 
 
 def _name(entry: os.DirEntry) -> str:
     return entry.name
+
+
+def _restat(dir_fd: int, name: str) -> os.stat_result | None:
+    """What ``name`` is now (None: gone)."""
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+
+
+def _skip_temporary(de: os.DirEntry, path: str, tally: ScanTally) -> None:
+    """A server's temporary file (a rollback's, in flight or left by a crash) is not captured,
+    but reported: nothing of a workspace is left out silently."""
+    try:
+        size = de.stat(follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return
+    tally.skipped.append(Skipped(path, size, SKIP_SERVER_TEMPORARY))
 
 
 def _done(part: list | Future | _FromReaders) -> bool:
@@ -467,7 +566,7 @@ def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "",
         if not stat.S_ISREG(opened.st_mode):
             return None
         if max_size is not None and opened.st_size > max_size:
-            return TooLarge(opened.st_size)
+            return TooLarge(opened.st_size, opened.st_nlink, opened.st_dev, opened.st_ino)
         if similar and isinstance(batch, Batch):
             digest, size = batch.put_fd(fd, opened.st_size, similar)
         else:

@@ -10,9 +10,13 @@ file created to wait for its event), without the file.
 
 The journal is a hint that must never be trusted for completeness: a queue overflow, a
 watch that cannot be added, the workspace root itself moving, a sync that cannot overtake
-the reader, all mark the journal "full", and the next capture scans the whole workspace. Known
-blind spots of inotify (writes through a shared mmap before the file is closed, changes
-made on another machine to a network file system) are the same as git's fsmonitor.
+the reader, all mark the journal "full", and the next capture scans the whole workspace.
+inotify reports a change only to the watch of the directory holding the name it was made
+through: captures look again by themselves at files with several names and at mount points
+(see ``capture``). Blind spots left: a file with one name that gains another outside the
+workspace (the link reports nowhere here) and is written through it; writes through a shared
+mmap before the file is closed; changes made on another machine to a network file system
+(the same as git's fsmonitor).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkpointd.core.workspace import is_temp_name
+
 try:
     from inotify_simple import INotify, parse_events
     from inotify_simple import flags as in_flags
@@ -41,8 +47,6 @@ log = logging.getLogger("checkpointd.watcher")
 ENTRY = 1
 SUBTREE = 2
 
-#: The one name prefix the server creates in workspaces (rollback temporaries); never dirty.
-TEMP_PREFIX = ".checkpointd-tmp-"
 SYNC_TIMEOUT_SECONDS = 5.0
 #: Workspaces watched at once; the least recently captured one is dropped beyond this.
 MAX_WATCHED_ROOTS = 64
@@ -176,7 +180,7 @@ class Watcher:
             if directory == "":
                 journal.full = "the workspace root was moved or removed"
             return
-        if name.startswith(TEMP_PREFIX):
+        if is_temp_name(name):
             return
         path = f"{directory}/{name}" if directory and name else (name or directory)
         if not path:

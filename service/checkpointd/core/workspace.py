@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import uuid
 from collections.abc import Iterable, Iterator
@@ -22,8 +23,10 @@ from checkpointd.core.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.faults import Point, crash_point
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: The one name prefix the server creates in workspaces; captures never include such names.
+#: The one name prefix the server creates in workspaces (see ``Workspace._temp_name``).
 TEMP_PREFIX = ".checkpointd-tmp-"
+#: The whole of such a name: the prefix, an optional 32-hex tag and '-', a 32-hex uuid.
+_TEMP_NAME = re.compile(r"\.checkpointd-tmp-(?:[0-9a-f]{32}-)?[0-9a-f]{32}\Z")
 #: errno values meaning "a path component is not the directory it was": a symlink or file
 #: where a directory was expected, or a directory where a file was.
 _SWAPPED = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
@@ -42,6 +45,13 @@ def validate_relpath(path: str, field: str = "paths") -> str:
         raise InvalidArgument(Reason.INVALID_PATH, f"path {path!r} has an empty, '.' or '..' component",
                               field=field, path=path)
     return path
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is exactly what the server names its temporary files: only such names
+    are left out of captures (and reported as skipped); a user's file that merely starts with
+    the prefix is captured like any other."""
+    return name.startswith(TEMP_PREFIX) and _TEMP_NAME.match(name) is not None
 
 
 def is_under(path: str, prefixes: Iterable[str]) -> bool:
@@ -103,6 +113,16 @@ class Workspace:
                 yield fd
             finally:
                 os.close(fd)
+
+    @contextlib.contextmanager
+    def directories(self) -> Iterator[Directories]:
+        """Directory fds for many paths in one go (see ``Directories``)."""
+        with self.root_fd() as root:
+            opened = Directories(root)
+        try:
+            yield opened
+        finally:
+            opened.close()
 
     def lstat(self, path: str) -> os.stat_result | None:
         parent, _, name = path.rpartition("/")
@@ -241,3 +261,39 @@ class Workspace:
                 raise UnsafePath(path) from exc
             raise
         return True
+
+
+class Directories:
+    """Directory fds reached from the root one component at a time without following links, as
+    ``Workspace.dir_fd`` does, but keeping those of the last directory asked for and of its
+    ancestors: asked in sorted order, each directory is opened once, and no more descriptors
+    are open at a time than the path is deep."""
+
+    def __init__(self, root_fd: int) -> None:
+        #: (name, fd) of the root, then of each component of the last directory asked for.
+        self._open: list[tuple[str, int]] = [("", os.dup(root_fd))]
+
+    def fd(self, path: str) -> int:
+        """The fd of directory ``path`` ('' is the root); valid until another one is asked for.
+        Raises UnsafePath (a component is a symlink or not a directory) or FileNotFoundError."""
+        parts = path.split("/") if path else []
+        kept = 1
+        while kept < len(self._open) and kept <= len(parts) and self._open[kept][0] == parts[kept - 1]:
+            kept += 1
+        self._close_from(kept)
+        for part in parts[kept - 1:]:
+            try:
+                fd = os.open(part, _DIR_FLAGS, dir_fd=self._open[-1][1])
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(path) from exc
+                raise
+            self._open.append((part, fd))
+        return self._open[-1][1]
+
+    def _close_from(self, index: int) -> None:
+        while len(self._open) > index:
+            os.close(self._open.pop()[1])
+
+    def close(self) -> None:
+        self._close_from(0)

@@ -1,0 +1,309 @@
+"""The proxy's own tools, so an agent (or the human watching it) can inspect and undo its steps.
+
+checkpoint_list and checkpoint_diff only read; checkpoint_rollback is a dry run unless called with
+`confirm: true`, and then checkpointd records a safety checkpoint first, so a rollback can itself
+be rolled back. Their results are plain text meant to be read by a model and a person alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC
+from functools import partial
+from typing import Any
+
+import anyio
+import grpc
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpointd_client.client import Checkpoint, CheckpointClient, FileChange
+from checkpointd_client.errors import CheckpointdRpcError
+from checkpointd_client.vocabulary import trigger_name
+
+LIST_TOOL = "checkpoint_list"
+DIFF_TOOL = "checkpoint_diff"
+ROLLBACK_TOOL = "checkpoint_rollback"
+NAMES = (LIST_TOOL, DIFF_TOOL, ROLLBACK_TOOL)
+DEFAULT_LIST_LIMIT = 20
+MAX_LIST_LIMIT = 1000
+# A diff or dry run listing more paths than this says how many more there are instead.
+MAX_LISTED_CHANGES = 200
+
+_CHECKPOINT_ID = {"type": "string", "description": "a checkpoint id (a ULID) from checkpoint_list"}
+_PATHS = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "only these workspace-relative paths (and what is under them); default: the whole workspace",
+}
+
+
+def definitions(plan_id: str) -> list[dict[str, Any]]:
+    """The three tools as MCP tool objects (wire form)."""
+    return [
+        {
+            "name": LIST_TOOL,
+            "title": "List checkpoints",
+            "description": (
+                f"List the checkpoints of this session (plan {plan_id}), newest first. checkpointd takes one "
+                "before and one after every tool call that may write to the workspace; each line shows the "
+                "checkpoint id, when, why (trigger) and which tool. Use the ids with checkpoint_diff and "
+                "checkpoint_rollback."
+            ),
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "limit": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": MAX_LIST_LIMIT,
+                        "description": f"how many to show (default {DEFAULT_LIST_LIMIT})",
+                    }
+                },
+                "additionalProperties": False,
+            },
+            "annotations": {"title": "List checkpoints", "readOnlyHint": True, "openWorldHint": False},
+        },
+        {
+            "name": DIFF_TOOL,
+            "title": "Diff since a checkpoint",
+            "description": (
+                "Show which workspace paths changed between a checkpoint and the workspace as it is now, or "
+                "another checkpoint (target_checkpoint_id): added, modified, deleted, type changed."
+            ),
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "checkpoint_id": _CHECKPOINT_ID,
+                    "target_checkpoint_id": {
+                        **_CHECKPOINT_ID,
+                        "description": "the newer side; default: the workspace as it is now",
+                    },
+                    "paths": _PATHS,
+                },
+                "required": ["checkpoint_id"],
+                "additionalProperties": False,
+            },
+            "annotations": {"title": "Diff since a checkpoint", "readOnlyHint": True, "openWorldHint": False},
+        },
+        {
+            "name": ROLLBACK_TOOL,
+            "title": "Roll back to a checkpoint",
+            "description": (
+                "Restore the workspace files to a checkpoint. Without confirm it is a dry run that only "
+                "lists what would change; with confirm: true it applies, after checkpointd records a safety "
+                "checkpoint of the workspace as it is, so the rollback itself can be undone."
+            ),
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "checkpoint_id": _CHECKPOINT_ID,
+                    "confirm": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "true applies the rollback; false (the default) is a dry run",
+                    },
+                    "paths": _PATHS,
+                },
+                "required": ["checkpoint_id"],
+                "additionalProperties": False,
+            },
+            "annotations": {
+                "title": "Roll back to a checkpoint",
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": False,
+                "openWorldHint": False,
+            },
+        },
+    ]
+
+
+def text_result(text: str, *, is_error: bool = False) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": is_error}
+
+
+class InvalidArguments(ValueError):
+    """Arguments outside a tool's input schema."""
+
+
+def _string(arguments: Mapping[str, Any], name: str, *, required: bool) -> str:
+    value = arguments.get(name)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value:
+        raise InvalidArguments(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _paths(arguments: Mapping[str, Any]) -> list[str]:
+    value = arguments.get("paths")
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(path, str) and path for path in value):
+        raise InvalidArguments(f"paths must be a list of non-empty strings, got {value!r}")
+    return value
+
+
+def _limit(arguments: Mapping[str, Any]) -> int:
+    value = arguments.get("limit", DEFAULT_LIST_LIMIT)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise InvalidArguments(f"limit must be an integer, got {value!r}")
+    if not 1 <= value <= MAX_LIST_LIMIT:
+        raise InvalidArguments(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {value!r}")
+    return int(value)
+
+
+def _confirm(arguments: Mapping[str, Any]) -> bool:
+    value = arguments.get("confirm", False)
+    if not isinstance(value, bool):
+        raise InvalidArguments(f"confirm must be true or false, got {value!r}")
+    return value
+
+
+def _unknown_arguments(arguments: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    unknown = sorted(set(arguments) - set(allowed))
+    if unknown:
+        raise InvalidArguments(f"unknown arguments {unknown}; allowed: {list(allowed)}")
+
+
+def _when(checkpoint: Checkpoint) -> str:
+    if not checkpoint.HasField("create_time"):
+        return "?"
+    return checkpoint.create_time.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds")
+
+
+def describe_checkpoint(checkpoint: Checkpoint) -> str:
+    parts = [f"#{checkpoint.sequence}", checkpoint.checkpoint_id, _when(checkpoint), trigger_name(checkpoint.trigger)]
+    if checkpoint.source_tool:
+        parts.append(checkpoint.source_tool)
+    if checkpoint.has_files:
+        parts.append(f"({checkpoint.file_count} files)")
+    return "  ".join(parts)
+
+
+def _change_kind(change: FileChange) -> str:
+    return pb.ChangeKind.Name(change.kind).removeprefix("CHANGE_KIND_").lower().replace("_", " ")
+
+
+# A rollback's changes go from the workspace now (base) to the checkpoint (target).
+_ROLLBACK_EFFECT = {
+    pb.CHANGE_KIND_ADDED: "re-create",
+    pb.CHANGE_KIND_MODIFIED: "restore",
+    pb.CHANGE_KIND_DELETED: "remove",
+    pb.CHANGE_KIND_TYPE_CHANGED: "replace",
+}
+
+
+def _change_lines(changes: Sequence[FileChange], describe: Callable[[FileChange], str]) -> list[str]:
+    lines = [f"  {describe(change):<12} {change.path}" for change in changes[:MAX_LISTED_CHANGES]]
+    if len(changes) > MAX_LISTED_CHANGES:
+        lines.append(f"  ... and {len(changes) - MAX_LISTED_CHANGES} more")
+    return lines
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+class UndoTools:
+    """Serves checkpoint_list, checkpoint_diff and checkpoint_rollback for one plan."""
+
+    def __init__(self, checkpoints: CheckpointClient, plan_id: str, *, deadline_s: float) -> None:
+        self._checkpoints = checkpoints
+        self.plan_id = plan_id
+        self._deadline_s = deadline_s
+
+    @staticmethod
+    def owns(name: str) -> bool:
+        return name in NAMES
+
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The tool's result; bad arguments and checkpointd errors are error results that say why."""
+        try:
+            match name:
+                case "checkpoint_list":
+                    _unknown_arguments(arguments, ("limit",))
+                    answer = partial(self._list_text, _limit(arguments))
+                case "checkpoint_diff":
+                    _unknown_arguments(arguments, ("checkpoint_id", "target_checkpoint_id", "paths"))
+                    answer = partial(
+                        self._diff_text,
+                        _string(arguments, "checkpoint_id", required=True),
+                        _string(arguments, "target_checkpoint_id", required=False),
+                        _paths(arguments),
+                    )
+                case "checkpoint_rollback":
+                    _unknown_arguments(arguments, ("checkpoint_id", "confirm", "paths"))
+                    answer = partial(
+                        self._rollback_text,
+                        _string(arguments, "checkpoint_id", required=True),
+                        _confirm(arguments),
+                        _paths(arguments),
+                    )
+                case _:
+                    raise InvalidArguments(f"no tool named {name!r} here")
+            # The client's calls block: off the event loop, bounded by the deadline.
+            return text_result(await anyio.to_thread.run_sync(answer))
+        except InvalidArguments as error:
+            return text_result(f"{name}: {error}", is_error=True)
+        except CheckpointdRpcError as error:
+            return text_result(f"{name}: checkpointd answered {error}", is_error=True)
+
+    def _list_text(self, limit: int) -> str:
+        try:
+            checkpoints = self._checkpoints.list_checkpoints(self.plan_id, timeout=self._deadline_s)
+        except CheckpointdRpcError as error:
+            if error.code != grpc.StatusCode.NOT_FOUND or error.reason != "PLAN_NOT_FOUND":
+                raise
+            checkpoints = []
+        if not checkpoints:
+            return f"Plan {self.plan_id} has no checkpoints yet: no tool has written to the workspace."
+        shown = checkpoints[:limit]
+        lines = [f"Plan {self.plan_id}: {_plural(len(checkpoints), 'checkpoint')}, newest first"]
+        if checkpoints[0].workspace_root:
+            lines[0] += f", workspace {checkpoints[0].workspace_root}"
+        lines += [describe_checkpoint(checkpoint) for checkpoint in shown]
+        if len(checkpoints) > len(shown):
+            lines.append(f"... and {len(checkpoints) - len(shown)} older (raise limit to see them)")
+        return "\n".join(lines)
+
+    def _diff_text(self, base_id: str, target_id: str, paths: list[str]) -> str:
+        changes = self._checkpoints.diff_checkpoints(base_id, target_id, paths=paths, timeout=self._deadline_s)
+        target = f"checkpoint {target_id}" if target_id else "the workspace now"
+        if not changes:
+            return f"No differences between checkpoint {base_id} and {target}."
+        header = f"{_plural(len(changes), 'path')} differ from checkpoint {base_id} to {target}:"
+        return "\n".join([header, *_change_lines(changes, _change_kind)])
+
+    def _rollback_text(self, checkpoint_id: str, confirm: bool, paths: list[str]) -> str:
+        response = self._checkpoints.rollback(
+            self.plan_id,
+            checkpoint_id,
+            scope=pb.ROLLBACK_SCOPE_FILES,
+            paths=paths,
+            dry_run=not confirm,
+            timeout=self._deadline_s,
+        )
+        effects = _change_lines(response.changes, lambda change: _ROLLBACK_EFFECT[change.kind])
+        if not confirm:
+            if not response.changes:
+                return f"Dry run: the workspace already matches checkpoint {checkpoint_id}; nothing would change."
+            return "\n".join(
+                [
+                    f"Dry run: rolling back to checkpoint {checkpoint_id} would change "
+                    f"{_plural(len(response.changes), 'path')}:",
+                    *effects,
+                    "Nothing has been changed. Call checkpoint_rollback again with confirm: true to apply it.",
+                ]
+            )
+        safety = response.safety_checkpoint.checkpoint_id
+        lines = [
+            f"Rolled back to checkpoint {checkpoint_id}: {_plural(len(response.changes), 'path')} changed.",
+            *effects,
+        ]
+        if safety:
+            lines.append(
+                f"Safety checkpoint {safety} holds the workspace as it was just before: call checkpoint_rollback "
+                f"with checkpoint_id {safety} and confirm: true to undo this rollback."
+            )
+        return "\n".join(lines)
