@@ -109,6 +109,12 @@ def test_unfinished_and_unreadable_journals(populated) -> None:
     report = fsck(server)
     assert sorted(report.pending_rollbacks) == sorted([plan_id, other])
     assert [p.subject for p in report.problems if p.kind == "unreadable_journal"] == [other]
+    unreadable = _cli(*_offline(server), "--json")
+    assert unreadable.returncode == 1 and sorted(_json(unreadable)["pending_rollbacks"]) == sorted([plan_id, other])
+    (journal / f"{other}.json").unlink()
+    pending_only = _cli(*_offline(server))
+    assert pending_only.returncode == 1, "an unfinished rollback is a finding"
+    assert f"plan {plan_id} has an unfinished rollback" in pending_only.stdout
 
 
 def test_a_torn_pack_tail_is_cut_off_and_loses_nothing_acknowledged(populated) -> None:
