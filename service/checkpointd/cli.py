@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the gRPC server",
-        description="Run the gRPC server (CheckpointService, ConfigService, health, reflection). "
+        description="Run the gRPC server (CheckpointService, ConfigService, AdminService, health, reflection). "
                     "Stops gracefully on SIGTERM/SIGINT. Every option can also come from its CHECKPOINTD_* "
                     "environment variable; the flag wins.",
     )

@@ -16,8 +16,17 @@ import os
 from pathlib import Path
 from typing import Self
 
+from checkpointd.core.db import Database
+from checkpointd.core.db_store import StoreKind
+
 log = logging.getLogger("checkpointd")
 LOCK_NAME = "checkpointd.lock"
+
+
+def needs_data_dir_lock(store: str, db: Database) -> bool:
+    """Whether GC must be fenced from other processes by the data dir lock: always for the
+    disk store; for the database store only on SQLite (on PostgreSQL its own fence spans replicas)."""
+    return store == StoreKind.DISK.value or db.is_sqlite
 
 
 class DataDirBusy(RuntimeError):

@@ -27,12 +27,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from checkpoint.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
     checkpoint_service_pb2,
     checkpoint_service_pb2_grpc,
     config_service_pb2,
     config_service_pb2_grpc,
 )
 from checkpointd.api.access import AccessInterceptor
+from checkpointd.api.admin_servicer import AdminServicer
 from checkpointd.api.auth import BearerTokenInterceptor, OpenService, TokenSource
 from checkpointd.api.checkpoint_servicer import AsyncCheckpointServicer
 from checkpointd.api.config_servicer import AsyncConfigServicer
@@ -43,8 +46,11 @@ from checkpointd.core.checkpoints import Checkpoints, EngineSettings
 from checkpointd.core.config import ConfigStore
 from checkpointd.core.db import Database
 from checkpointd.core.db_store import StoreKind, open_store
+from checkpointd.core.fsck import FsckReport
+from checkpointd.core.fsck import check as check_integrity
+from checkpointd.core.journal import LEGACY_DIRECTORY
 from checkpointd.core.retention import Maintenance, MaintenanceReport
-from checkpointd.datadir_lock import DataDirLock, ServingLock
+from checkpointd.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
 from checkpointd.listeners import (
     Listener,
     ListenerError,
@@ -60,6 +66,7 @@ T = TypeVar("T")
 SERVICE_NAMES = (
     checkpoint_service_pb2.DESCRIPTOR.services_by_name["CheckpointService"].full_name,
     config_service_pb2.DESCRIPTOR.services_by_name["ConfigService"].full_name,
+    admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
 )
 #: Largest request accepted: a 16 MiB state plus headroom for the other fields.
 MAX_RECEIVE_BYTES = 32 * 1024 * 1024
@@ -133,12 +140,6 @@ def check_listener_security(listeners: list[Listener], settings: ServerSettings)
         if settings.token is not None and settings.tls is None:
             log.warning("%s is reachable from other hosts and the bearer token travels in clear text; "
                         "consider --tls-cert/--tls-key", listener.grpc_address)
-
-
-def needs_data_dir_lock(store: str, db: Database) -> bool:
-    """Whether GC must be fenced from other processes by the data dir lock: always for the
-    disk store; for the database store only on SQLite (on PostgreSQL its own fence spans replicas)."""
-    return store == StoreKind.DISK.value or db.is_sqlite
 
 
 class CheckpointdServer:
@@ -216,6 +217,7 @@ class CheckpointdServer:
             AsyncCheckpointServicer(self.checkpoints, self._executor), self.server)
         config_service_pb2_grpc.add_ConfigServiceServicer_to_server(
             AsyncConfigServicer(self.config, self._stopping.is_set, self._executor), self.server)
+        admin_service_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.check_integrity), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
@@ -263,6 +265,10 @@ class CheckpointdServer:
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def check_integrity(self, full: bool = False) -> FsckReport:
+        """``checkpointd fsck`` on the live store (AdminService.CheckIntegrity)."""
+        return check_integrity(self.db, self.store, self.settings.data_dir / LEGACY_DIRECTORY, full=full)
 
     def run_maintenance(self, dry_run: bool = False) -> MaintenanceReport:
         """Retention then GC, now (the periodic task calls this too)."""

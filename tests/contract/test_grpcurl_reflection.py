@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 from google.rpc import error_details_pb2
 
-from checkpoint.v1 import checkpoint_service_pb2, config_service_pb2, errors_pb2
+from checkpoint.v1 import admin_service_pb2, checkpoint_service_pb2, config_service_pb2, errors_pb2
 from tests.helpers import skip_unless_ci
 
 REPO = Path(__file__).resolve().parents[2]
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
 BUF = REPO / "clients" / "node" / "node_modules" / ".bin" / "buf"
-CONTRACT_FILES = [checkpoint_service_pb2.DESCRIPTOR, config_service_pb2.DESCRIPTOR, errors_pb2.DESCRIPTOR]
+CONTRACT_FILES = [checkpoint_service_pb2.DESCRIPTOR, config_service_pb2.DESCRIPTOR, errors_pb2.DESCRIPTOR,
+                  admin_service_pb2.DESCRIPTOR]
 SERVICES = [
+    "checkpoint.v1.AdminService",
     "checkpoint.v1.CheckpointService",
     "checkpoint.v1.ConfigService",
     "grpc.health.v1.Health",
@@ -167,6 +169,12 @@ def test_every_config_rpc_including_the_watch_stream(checkpointd_server, transpo
         watch.wait()
         watch.stdout.close()
         watch.stderr.close()
+
+
+def test_the_admin_rpc(checkpointd_server, transport):
+    reply = call(checkpointd_server, transport, "checkpoint.v1.AdminService/CheckIntegrity",
+                 {"verify_unreferenced_objects": False})
+    assert reply["ok"] is True, reply
 
 
 def read_json_message(process: subprocess.Popen) -> dict:

@@ -27,6 +27,7 @@ RPCS = [
     "checkpoint.v1.ConfigService/ListConfig",
     "checkpoint.v1.ConfigService/SetConfig",
     "checkpoint.v1.ConfigService/WatchConfig",
+    "checkpoint.v1.AdminService/CheckIntegrity",
     "grpc.health.v1.Health/Check",
 ]
 #: Commands that fail on purpose: (substring of the command, grpcurl exit code, text the output shows).

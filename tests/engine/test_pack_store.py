@@ -274,3 +274,142 @@ def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_a
     reopened = ContentStore(tmp_path)
     assert pack.stat().st_size == intact, "an unverifiable record past the durable end is a torn tail"
     assert reopened.read_bytes(kept) == b"kept object " * 100
+
+
+def _versions_of_a_file() -> tuple[bytes, bytes]:
+    """Two versions of one file: the second is stored as a delta against the first."""
+    first = b"".join(b"line %d of a file that an agent keeps editing\n" % i for i in range(300))
+    return first, first + b"one more line\n"
+
+
+def _fill_until_rotated(store: ContentStore, pack_number: int) -> list[str]:
+    """Commits live filler objects until the active pack is no longer ``pack_number``."""
+    filler = []
+    while store._active is None or store._active.number == pack_number:
+        with store.batch() as batch:
+            filler.append(batch.put_bytes(os.urandom(1500)))
+    return filler
+
+
+def test_a_deleted_delta_stays_deleted_when_the_pack_of_its_tombstone_is_compacted(tmp_path, monkeypatch):
+    """GC deletes B (a delta of A) and A; the pack holding their tombstones is later compacted
+    while an older pack still holds B's record. A reopened store must not count B as stored
+    (its base is gone), so the next checkpoint that needs B writes it again."""
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 8192)
+    store = ContentStore(tmp_path)
+    first, second = _versions_of_a_file()
+    with store.batch() as batch:
+        a = batch.put_bytes(first)
+    a_pack = store._committed[a].pack
+    beside_a = _fill_until_rotated(store, a_pack.number)
+    with store.batch() as batch:
+        b = batch.put_bytes(second, a)
+    assert store._committed[b].kind == b"X" and store._committed[b].base == a
+    b_pack = store._committed[b].pack
+    kept = _fill_until_rotated(store, b_pack.number)  # B's pack stays mostly live: never compacted
+    tombstone_pack = store._active
+    store.delete(b)
+    store.delete(a)
+    assert not store.has(a) and not store.has(b)
+    # More objects in the tombstones' pack; GC deletes them and A's neighbours: both packs are
+    # compacted, and only B's pack still holds a record of B (or of A).
+    doomed = _fill_until_rotated(store, tombstone_pack.number)
+    for digest in [*beside_a, *doomed]:
+        if store._committed[digest].pack in (a_pack, tombstone_pack):
+            store.delete(digest)
+    assert not a_pack.path.exists() and not tombstone_pack.path.exists(), "both packs must have been compacted"
+    assert b_pack.path.exists()
+    store.close()
+
+    reopened = ContentStore(tmp_path)
+    assert not reopened.has(b) and not reopened.has(a)
+    assert all(reopened.has(digest) for digest in kept)
+    with reopened.batch() as batch:
+        assert batch.put_bytes(second, a) == b
+    assert reopened.read_bytes(b) == second
+    reopened.close()
+    assert ContentStore(tmp_path).read_bytes(b) == second
+
+
+def _compact_away(store: ContentStore, pack, keep: tuple[str, ...] = ()) -> None:
+    """Deletes what lives in ``pack`` but ``keep``, so that it is compacted."""
+    for digest in [d for d, location in store._committed.items() if location.pack is pack and d not in keep]:
+        store.delete(digest)
+    assert not pack.path.exists()
+
+
+def test_a_deleted_object_stays_deleted_when_its_tombstone_is_carried_through_compactions(tmp_path, monkeypatch):
+    """The tombstone of an object is carried from a compacted pack while an older pack holds
+    the object's record; the tombstone of an object stored again since is not."""
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 8192)
+    store = ContentStore(tmp_path)
+    gone_data, back_data = os.urandom(1000), os.urandom(1000)
+    with store.batch() as batch:
+        gone = batch.put_bytes(gone_data)
+        back = batch.put_bytes(back_data)
+    old_pack = store._committed[gone].pack
+    _fill_until_rotated(store, old_pack.number)
+    store.delete(gone)
+    store.delete(back)
+    tombstones = store._active
+    with store.batch() as batch:
+        batch.put_bytes(back_data)
+    _fill_until_rotated(store, tombstones.number)
+    _compact_away(store, tombstones, keep=(back,))
+    assert old_pack.path.exists()
+    for _ in range(2):  # the carried tombstones' pack compacted in turn
+        carrier = store._active
+        _fill_until_rotated(store, carrier.number)
+        _compact_away(store, carrier, keep=(back,))
+    store.close()
+    reopened = ContentStore(tmp_path)
+    assert not reopened.has(gone)
+    assert reopened.read_bytes(back) == back_data
+    assert back in set(reopened.iter_digests()) and gone not in set(reopened.iter_digests())
+
+
+def test_a_delta_left_by_an_aborted_batch_is_not_indexed_once_its_base_is_gone(tmp_path, monkeypatch):
+    """A batch that aborts leaves its records in the pack; a reopened store reads them. One that
+    is a delta against an object since deleted (and compacted away) must not count as stored."""
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 8192)
+    store = ContentStore(tmp_path)
+    first, second = _versions_of_a_file()
+    with store.batch() as batch:
+        a = batch.put_bytes(first)
+    a_pack = store._committed[a].pack
+    _fill_until_rotated(store, a_pack.number)
+    aborted = store.batch()
+    b = aborted.put_bytes(second, a)
+    aborted.abort()
+    _fill_until_rotated(store, store._active.number)
+    _compact_away(store, a_pack)
+    store.close()
+    reopened = ContentStore(tmp_path)
+    assert not reopened.has(a) and not reopened.has(b)
+    with reopened.batch() as batch:
+        batch.put_bytes(second)
+    assert ContentStore(tmp_path).read_bytes(b) == second
+
+
+def test_an_object_written_whole_and_as_a_delta_at_once_survives_the_deletion_of_the_base(tmp_path, monkeypatch):
+    """Two batches write the same object at once, one whole, one as a delta; the whole one
+    commits, the delta's batch aborts. Its base is then deleted and compacted away: a reopened
+    store must read the object from its whole record, not drop it with the delta."""
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 8192)
+    store = ContentStore(tmp_path)
+    first, second = _versions_of_a_file()
+    with store.batch() as batch:
+        a = batch.put_bytes(first)
+    a_pack = store._committed[a].pack
+    _fill_until_rotated(store, a_pack.number)
+    whole, delta = store.batch(), store.batch()
+    b = whole.put_bytes(second)
+    assert delta.put_bytes(second, a) == b
+    whole.commit()
+    delta.abort()
+    _fill_until_rotated(store, store._active.number)
+    _compact_away(store, a_pack)
+    assert store.read_bytes(b) == second
+    store.close()
+    reopened = ContentStore(tmp_path)
+    assert reopened.has(b) and reopened.read_bytes(b) == second

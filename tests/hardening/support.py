@@ -19,6 +19,8 @@ from checkpointd.core.fsck import FsckReport, check_data_dir
 from tests.helpers import tree_state
 
 FAULT_VARIABLES = tuple(action.value for action in Action)
+#: Variables that shrink a server's limits so that a test reaches what they bound (see ``store``).
+TEST_KNOBS = ("CHECKPOINTD_PACK_ROTATE_BYTES",)
 #: Codes a call gets when the server died under it (or is not back yet).
 GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
@@ -30,7 +32,7 @@ def start_with_faults(server, **variables: str) -> None:
     execs, so the process is the server itself), never into this process's environment: servers
     of tests running side by side each get their own faults.
     """
-    unknown = set(variables) - set(FAULT_VARIABLES) - {FAULT_DIR_VARIABLE}
+    unknown = set(variables) - set(FAULT_VARIABLES) - {FAULT_DIR_VARIABLE, *TEST_KNOBS}
     assert not unknown, f"not fault variables: {unknown}"
     plain = type(server).command
     unset = [arg for name in (*FAULT_VARIABLES, FAULT_DIR_VARIABLE) for arg in ("-u", name)]

@@ -125,3 +125,62 @@ def test_a_rollback_that_fills_the_workspace_disk_is_undone(idle_server) -> None
         assert (workspace / "x.bin").read_bytes() != before["x.bin"][1]
         idle_server.stop()
     assert_fsck_clean(idle_server)
+
+
+def _fill(directory: Path) -> Path:
+    """Writes a file in ``directory`` until its file system is full; returns the file."""
+    filler = directory / "filler.bin"
+    with open(filler, "wb", buffering=0) as out:
+        chunk = b"\0" * 4096
+        with contextlib.suppress(OSError):
+            while True:
+                out.write(chunk)
+    return filler
+
+
+def test_a_full_disk_while_new_plans_record_their_first_checkpoint(idle_server) -> None:
+    """The new plan's row or its first checkpoint cannot be committed (the content it needs is
+    stored already): RESOURCE_EXHAUSTED, nothing half-recorded, and every plan works once
+    there is room again."""
+    with tmpfs(idle_server.data_dir, "4m"):
+        idle_server.start()
+        try:
+            workspace = idle_server.new_workspace()
+            (workspace / "shared.txt").write_text("content every plan has\n")
+            with grpc.insecure_channel(idle_server.tcp_target) as channel:
+                stub = pb_grpc.CheckpointServiceStub(channel)
+                first = str(ULID())
+                kept = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+                    plan_id=first, workspace_root=str(workspace), state=b"known state"), timeout=60).checkpoint
+                filler = _fill(idle_server.data_dir)
+                refused: list[str] = []
+                recorded: list[str] = []
+                for i in range(60):
+                    plan_id = str(ULID())
+                    request = pb.CreateCheckpointRequest(plan_id=plan_id, state=b"known state" if i % 2 else b"")
+                    if i % 3 == 0:
+                        request.workspace_root = str(workspace)
+                    try:
+                        stub.CreateCheckpoint(request, timeout=60)
+                    except grpc.RpcError as error:
+                        assert _full(error), f"{error.code()}: {error.details()}\n{idle_server.log()}"
+                        refused.append(plan_id)
+                        if len(refused) >= 4:
+                            break
+                    else:
+                        recorded.append(plan_id)
+                assert refused, "the disk never filled up"
+                assert serving(idle_server.tcp_target)
+                for plan_id in refused:
+                    assert list_all(stub, plan_id) == [], "a refused first checkpoint must not be visible"
+                filler.unlink()
+                for plan_id in [*refused, *recorded]:
+                    stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, state=b"later"), timeout=60)
+                    assert [c.sequence for c in list_all(stub, plan_id)] == list(
+                        range(1, 2 + (plan_id in recorded))), "sequences must stay gap-free"
+                (workspace / "shared.txt").write_text("changed\n")
+                stub.Rollback(pb.RollbackRequest(plan_id=first, checkpoint_id=kept.checkpoint_id), timeout=60)
+                assert (workspace / "shared.txt").read_text() == "content every plan has\n"
+        finally:
+            idle_server.stop()
+        assert_fsck_clean(idle_server)

@@ -14,6 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ulid import ULID
 
+from checkpoint.v1 import admin_service_pb2 as admin_pb
+from checkpoint.v1 import admin_service_pb2_grpc as admin_grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd_client import Checkpointd, CheckpointdRpcError
@@ -222,3 +224,17 @@ def test_cli_refuses_a_bad_target_or_tls_options_that_cannot_work_in_one_line(pk
         refused = run_cli("ls", str(ULID()), *options)
         assert refused.returncode == 1, (options, refused.stderr)
         assert message in refused.stderr and "Traceback" not in refused.stderr, (options, refused.stderr)
+
+
+def test_the_admin_service_needs_the_token_like_every_other(ops_server, token_file):
+    server = ops_server("--token-file", str(token_file))
+    with server.channel() as channel:
+        stub = admin_grpc.AdminServiceStub(channel)
+        _assert_unauthenticated(lambda: stub.CheckIntegrity(admin_pb.CheckIntegrityRequest(), timeout=30))
+        reply = stub.CheckIntegrity(admin_pb.CheckIntegrityRequest(), timeout=30,
+                                    metadata=(("authorization", f"Bearer {TOKEN}"),))
+        assert reply.ok
+    refused = run_cli("fsck", "--target", server.tcp_target, env={"CHECKPOINTD_TOKEN": ""})
+    assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stderr, refused.stderr
+    checked = run_cli("fsck", "--target", server.tcp_target, "--token-file", str(token_file))
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -335,3 +335,28 @@ def test_a_replica_killed_mid_rollback_never_replays_it_over_the_other_replicas_
     # The safety checkpoint of the first attempt holds the workspace as it was before the rollback.
     a.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=safety.checkpoint_id), timeout=120)
     assert tree_state(workspace) == before
+
+
+def test_a_page_token_issued_by_one_replica_is_good_on_the_other(two_replicas):
+    first, second, _ = two_replicas
+    plan_id = _ulid()
+    created = [first.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, state=b"%d" % i)).checkpoint
+               for i in range(5)]
+    request = pb.ListCheckpointsRequest(plan_id=plan_id, page_size=2)
+    # Both replicas issue their first token at once: the key they share is made once.
+    from_first, from_second = in_parallel(lambda: first.ListCheckpoints(request).next_page_token,
+                                          lambda: second.ListCheckpoints(request).next_page_token)
+    assert from_first and from_first == from_second
+    seen = list(first.ListCheckpoints(request).checkpoints)
+    token, replicas = from_first, [second, first]
+    while token:
+        page = replicas[0].ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=2, page_token=token))
+        seen += page.checkpoints
+        token = page.next_page_token
+        replicas.reverse()
+    assert [c.checkpoint_id for c in seen] == [c.checkpoint_id for c in reversed(created)]
+    forged = from_first[:-2] + ("AA" if from_first[-2:] != "AA" else "BA")
+    for stub in (first, second):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=2, page_token=forged))
+        assert error_info(refused.value).reason == "INVALID_PAGE_TOKEN"

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+
+import grpc
+import pytest
+from ulid import ULID
+
 from checkpoint.v1 import checkpoint_service_pb2 as pb
+from tests.helpers import error_info
 
 
 def _create(stub, plan_id, **kwargs):
@@ -96,3 +105,60 @@ def test_get_full_view_returns_state(checkpoint_stub, plan_id):
                                                                  view=pb.CHECKPOINT_VIEW_FULL)).checkpoint
     assert basic.state == b"" and basic.state_size_bytes == 8
     assert full.state == b"\x00opaque\xff"
+
+
+def _refusal(stub, **request) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ListCheckpoints(pb.ListCheckpointsRequest(**request), timeout=30)
+    return refused.value
+
+
+def _legacy_token(plan_id: str, filter_text: str, sequence: int) -> str:
+    """A token as the server used to make them: its check value any client could compute."""
+    key = hashlib.sha256(f"{plan_id}\0{filter_text}".encode()).hexdigest()[:16]
+    return base64.urlsafe_b64encode(json.dumps({"q": key, "s": sequence}).encode()).decode().rstrip("=")
+
+
+def test_page_tokens_the_server_did_not_issue_are_refused(checkpoint_stub, plan_id):
+    """A token is bound to its plan, its filter and its position by a MAC only the server can
+    make; anything else is INVALID_ARGUMENT / INVALID_PAGE_TOKEN, however well-formed."""
+    for i in range(4):
+        _create(checkpoint_stub, plan_id, labels={"k": "v"}, state=f"s{i}".encode())
+    other_plan = str(ULID())
+    _create(checkpoint_stub, other_plan)
+    _create(checkpoint_stub, other_plan)
+    token = checkpoint_stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=1)).next_page_token
+    filtered = checkpoint_stub.ListCheckpoints(pb.ListCheckpointsRequest(
+        plan_id=plan_id, page_size=1, filter='labels.k = "v"')).next_page_token
+    of_other_plan = checkpoint_stub.ListCheckpoints(pb.ListCheckpointsRequest(
+        plan_id=other_plan, page_size=1)).next_page_token
+    raw = bytearray(base64.urlsafe_b64decode(token + "=="))
+    wrong_mac = bytes(raw[:-1]) + bytes([raw[-1] ^ 1])
+    moved = bytes(raw[:8]) + bytes([raw[8] - 1]) + bytes(raw[9:])  # another position, the same MAC
+
+    def encoded(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+    forged = {
+        "wrong MAC": encoded(wrong_mac),
+        "another position": encoded(moved),
+        "another filter's token": filtered,
+        "another plan's token": of_other_plan,
+        "the old, computable format": _legacy_token(plan_id, "", 2),
+        "garbage": "not a token at all",
+        "truncated": token[:-1],
+        "extended": token + "A",
+        "huge": "A" * 1_000_000,
+        "non-ASCII": "é" * 55,
+    }
+    for what, bad in forged.items():
+        error = _refusal(checkpoint_stub, plan_id=plan_id, page_size=1, page_token=bad)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, what
+        assert error_info(error).reason == "INVALID_PAGE_TOKEN", what
+    assert error_info(_refusal(checkpoint_stub, plan_id=plan_id, page_token=token,
+                               filter='labels.k = "v"')).reason == "INVALID_PAGE_TOKEN"
+    page = checkpoint_stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=1, page_token=token))
+    assert [c.sequence for c in page.checkpoints] == [3]
+    page = checkpoint_stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=1,
+                                                                     page_token=filtered, filter='labels.k = "v"'))
+    assert [c.sequence for c in page.checkpoints] == [3]

@@ -11,11 +11,13 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from checkpoint.v1 import admin_service_pb2 as admin_pb
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpointd.core.checkpoints import Checkpoint, Scope
 from checkpointd.core.config import Effective, Source
 from checkpointd.core.errors import InvalidArgument, Reason
+from checkpointd.core.fsck import FindingKind, FsckReport
 from checkpointd.core.tree import Change, Entry, EntryKind
 from checkpointd.core.vocabulary import Phase, Trigger
 
@@ -39,11 +41,13 @@ PHASES = _enum_table(pb.Phase, "PHASE_", Phase)
 TRIGGERS = _enum_table(pb.Trigger, "TRIGGER_", Trigger)
 SCOPES = _enum_table(pb.RollbackScope, "ROLLBACK_SCOPE_", Scope)
 SOURCES = _enum_table(config_pb.ConfigSource, "CONFIG_SOURCE_", Source)
+FINDING_KINDS = _enum_table(admin_pb.FindingKind, "FINDING_KIND_", FindingKind)
 ENTRY_TYPES = {EntryKind.FILE: pb.ENTRY_TYPE_FILE, EntryKind.SYMLINK: pb.ENTRY_TYPE_SYMLINK,
                EntryKind.DIR: pb.ENTRY_TYPE_DIRECTORY}
 _PHASE_NUMBERS = {v: k for k, v in PHASES.items()}
 _TRIGGER_NUMBERS = {v: k for k, v in TRIGGERS.items()}
 _SOURCE_NUMBERS = {v: k for k, v in SOURCES.items()}
+_FINDING_NUMBERS = {v: k for k, v in FINDING_KINDS.items()}
 
 
 def from_proto_enum(table: dict[int, E], number: int, field: str) -> E | None:
@@ -179,3 +183,16 @@ def config_entry(effective: Effective) -> config_pb.ConfigEntry:
     if effective.update_time is not None:
         entry.update_time.CopyFrom(timestamp(effective.update_time))
     return entry
+
+
+def integrity_report(report: FsckReport) -> admin_pb.CheckIntegrityResponse:
+    return admin_pb.CheckIntegrityResponse(
+        ok=report.ok,
+        plan_count=report.plans,
+        checkpoint_count=report.checkpoints,
+        verified_object_count=report.objects_verified,
+        unreferenced_object_count=report.unreferenced_objects,
+        findings=[admin_pb.IntegrityFinding(kind=_FINDING_NUMBERS[p.kind], subject=text(p.subject),
+                                            detail=text(p.detail)) for p in report.problems],
+        unfinished_rollback_plan_ids=report.pending_rollbacks,
+    )

@@ -43,14 +43,34 @@ def status_code(kind: Kind) -> grpc.StatusCode:
             return grpc.StatusCode.DATA_LOSS
 
 
+#: Longest status message and ErrorInfo metadata value, in UTF-8 bytes. The status travels in
+#: the call's trailers, which clients refuse past a few KiB (grpc's soft limit is 8 KiB): a
+#: request's value echoed whole would turn a clear error into a transport failure.
+MAX_MESSAGE_BYTES = 512
+MAX_METADATA_VALUE_BYTES = 256
+_ELLIPSIS = "\u2026"
+
+
+def capped(value: str, limit: int) -> str:
+    """``value`` cut to at most ``limit`` UTF-8 bytes (at a character boundary), with an ellipsis when cut."""
+    encoded = value.encode("utf-8")
+    if len(encoded) <= limit:
+        return value
+    room = limit - len(_ELLIPSIS.encode("utf-8"))
+    return encoded[:room].decode("utf-8", "ignore") + _ELLIPSIS
+
+
 def rich_status(code: grpc.StatusCode, message: str, reason: str, metadata: dict[str, str]) -> status_pb2.Status:
-    """The status with its ErrorInfo. Message and metadata may name a path that is not UTF-8
-    (held as surrogates), which a proto string cannot carry: such bytes travel as escapes."""
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN,
-                                       metadata={key: text(value) for key, value in metadata.items()})
+    """The status with its ErrorInfo; every status the server sends is made here. Message and
+    metadata may name a path that is not UTF-8 (held as surrogates), which a proto string
+    cannot carry: such bytes travel as escapes. Both are capped (see MAX_MESSAGE_BYTES)."""
+    info = error_details_pb2.ErrorInfo(
+        reason=reason, domain=DOMAIN,
+        metadata={key: capped(text(value), MAX_METADATA_VALUE_BYTES) for key, value in metadata.items()})
     detail = any_pb2.Any()
     detail.Pack(info)
-    return status_pb2.Status(code=getattr(code_pb2, code.name), message=text(message), details=[detail])
+    return status_pb2.Status(code=getattr(code_pb2, code.name), message=capped(text(message), MAX_MESSAGE_BYTES),
+                             details=[detail])
 
 
 def to_status(error: CheckpointdError) -> status_pb2.Status:

@@ -20,6 +20,7 @@ import grpc
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status, to_status
+from checkpointd.core.db import storage_exhausted
 from checkpointd.core.errors import CheckpointdError, InvalidArgument, Reason
 
 log = logging.getLogger("checkpointd.rpc")
@@ -98,12 +99,14 @@ def _already_ended(context: Any, error: Exception) -> bool:
 
 
 def failure_status(method: str, context: Any, error: Exception, started: float) -> grpc.Status:
-    """The status a handler's exception ends its call with: a domain error's own status, an
-    INTERNAL for anything else (logged). Raises ``error`` again when it is the call's abort."""
-    if isinstance(error, CheckpointdError):
-        log.info("%s -> %s %s (%.1f ms)", method, error.kind.name, error.reason.value,
+    """The status a handler's exception ends its call with: a domain error's own status (a
+    write the disk had no room for is one), an INTERNAL for anything else (logged). Raises
+    ``error`` again when it is the call's abort."""
+    domain = error if isinstance(error, CheckpointdError) else storage_exhausted(error)
+    if domain is not None:
+        log.info("%s -> %s %s (%.1f ms)", method, domain.kind.name, domain.reason.value,
                  (time.monotonic() - started) * 1000)
-        return rpc_status.to_status(to_status(error))
+        return rpc_status.to_status(to_status(domain))
     if _already_ended(context, error):
         raise error
     log.error("unexpected error in %s", method, exc_info=error)

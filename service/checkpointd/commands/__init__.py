@@ -1,8 +1,9 @@
 """The human side of the ``checkpointd`` command: ls, show, diff, rollback, create, delete,
 config, health (all through the Python client, against a running server), gc (offline,
-on a data directory) and mcp-proxy (an MCP server wrapping another, checkpointing its write
-tools; the code is checkpointd_client.mcp_proxy). Parsers are declared here; each command's module is imported only
-when it runs, so ``checkpointd serve`` does not pay for rich and the client."""
+on a data directory), fsck (either) and mcp-proxy (an MCP server wrapping another,
+checkpointing its write tools; the code is checkpointd_client.mcp_proxy). Parsers are declared
+here; each command's module is imported only when it runs, so ``checkpointd serve`` does not
+pay for rich and the client."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _connection_options(parser: argparse.ArgumentParser, timeout: float) -> None:
+_TARGET_HELP = ("server address, HOST:PORT or unix:///PATH. Env CHECKPOINTD_TARGET. Default: the default data dir's "
+                "unix socket if it exists, else 127.0.0.1:50051")
+
+
+def _connection_options(parser: argparse.ArgumentParser, timeout: float, target_help: str = _TARGET_HELP) -> None:
     group = parser.add_argument_group("connection")
-    group.add_argument("--target", default=None,
-                       help="server address, HOST:PORT or unix:///PATH. Env CHECKPOINTD_TARGET. Default: the "
-                            "default data dir's unix socket if it exists, else 127.0.0.1:50051")
+    group.add_argument("--target", default=None, help=target_help)
     group.add_argument("--token-file", type=Path, default=os.environ.get("CHECKPOINTD_TOKEN_FILE") or None,
                        metavar="FILE",
                        help="bearer token file. Env CHECKPOINTD_TOKEN_FILE, or the token in CHECKPOINTD_TOKEN")
@@ -200,3 +203,25 @@ def register_commands(commands) -> None:
     gc.add_argument("--dry-run", action="store_true", help="report what would be pruned and reclaimed")
     _json_option(gc)
     gc.set_defaults(run=_lazy("maintenance", "gc"))
+
+    fsck = commands.add_parser(
+        "fsck", help="check that every checkpoint can be restored (exit 1 on any finding)",
+        description="Check every checkpoint's tree and state objects (present, and hashing to their names), the "
+                    "checkpoint rows, the content store's packs and delta chains, and unfinished rollbacks. "
+                    "Offline by default, on --data-dir: it opens the store as a server would (cutting off a torn "
+                    "pack tail left by a crash) and so refuses while a server uses the data dir; with --store db "
+                    "on PostgreSQL it changes nothing and runs beside running replicas. With --target it asks a "
+                    "running server (AdminService.CheckIntegrity), which keeps serving meanwhile. Exit status: 0 "
+                    "clean, 1 on any finding (an unfinished rollback included), 2 when the check could not run.")
+    offline = fsck.add_argument_group("offline (the default)")
+    offline.add_argument("--data-dir", type=Path, default=None,
+                         help="the data directory. Env CHECKPOINTD_DATA_DIR. Default: the server's default")
+    offline.add_argument("--db-url", default=None, help="the database, as for serve. Env CHECKPOINTD_DB_URL")
+    offline.add_argument("--store", choices=("disk", "db"), default=None,
+                         help="the content store, as for serve. Env CHECKPOINTD_STORE. Default: disk")
+    fsck.add_argument("--unreferenced", action="store_true",
+                      help="also verify the objects no checkpoint references (garbage collection deletes them)")
+    _json_option(fsck)
+    _connection_options(fsck, LONG_TIMEOUT_S, target_help="check this running server (HOST:PORT or unix:///PATH) "
+                                                          "instead of a data directory")
+    fsck.set_defaults(run=_lazy("fsck", "fsck"))

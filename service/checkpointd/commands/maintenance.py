@@ -15,8 +15,8 @@ from checkpointd.core.config import ConfigStore
 from checkpointd.core.db import Database
 from checkpointd.core.db_store import open_store
 from checkpointd.core.retention import GcAborted, Maintenance, MaintenanceReport
-from checkpointd.datadir_lock import DataDirBusy, DataDirLock
-from checkpointd.server import ServerSettings, needs_data_dir_lock
+from checkpointd.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.server import ServerSettings
 
 
 def _report_table(report: MaintenanceReport) -> Table:

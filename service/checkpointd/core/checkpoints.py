@@ -58,6 +58,7 @@ from checkpointd.core.journal import (
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, RollbackJournalRow, utcnow
 from checkpointd.core.planlocks import PlanLocks
 from checkpointd.core.restore import ApplyInterrupted, Restorer, holds
+from checkpointd.core.server_secrets import PAGE_TOKEN_KEY, shared_secret
 from checkpointd.core.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.store import Batch, ContentStore
 from checkpointd.core.tree import Change, Entry, EntryKind, Trees
@@ -256,6 +257,7 @@ class Checkpoints:
         self._new_checkpoints = db.group_commit(self._write_checkpoints)
         #: In-process plan locks; a call from the event loop never waits for one in a thread.
         self.plan_locks = PlanLocks()
+        self.page_tokens = filtering.PageTokens(lambda: shared_secret(db, PAGE_TOKEN_KEY))
         self._allowed = tuple(os.path.realpath(r) for r in settings.allowed_roots)
         self._data_dir = os.path.realpath(settings.data_dir)
         self.journal = RollbackJournal(db)
@@ -662,7 +664,7 @@ class Checkpoints:
         plan_id = validation.plan_id(plan_id)
         size = filtering.page_size(page_size)
         wanted = filtering.parse_filter(filter_text)
-        before = filtering.decode_page_token(page_token, plan_id, filter_text)
+        before = self.page_tokens.check(page_token, plan_id, filter_text)
         query = select(CheckpointRow).where(CheckpointRow.plan_id == plan_id)
         if before is not None:
             query = query.where(CheckpointRow.sequence < before)
@@ -680,7 +682,7 @@ class Checkpoints:
         token = ""
         if len(rows) > size:
             rows = rows[:size]
-            token = filtering.encode_page_token(plan_id, filter_text, rows[-1].sequence)
+            token = self.page_tokens.issue(plan_id, filter_text, rows[-1].sequence)
         return [Checkpoint(r) for r in rows], token
 
     def count(self, plan_id: str) -> int:

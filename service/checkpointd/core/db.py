@@ -10,6 +10,7 @@ that a newer server has already moved past.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import select
@@ -35,6 +36,7 @@ from checkpointd.core import (
     models,  # noqa: F401 - registers the tables
     telemetry,
 )
+from checkpointd.core.errors import Reason, ResourceExhausted
 
 if TYPE_CHECKING:
     from checkpointd.core.postgres_rows import PostgresRows
@@ -85,6 +87,30 @@ def normalize_url(url: str) -> str:
         raise DatabaseUrlError(f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
                          "postgresql+psycopg://USER@HOST:PORT/DB")
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+#: PostgreSQL's SQLSTATE for a full disk ("disk_full", class 53: insufficient resources).
+_SQLSTATE_DISK_FULL = "53100"
+
+
+def storage_exhausted(error: BaseException) -> ResourceExhausted | None:
+    """The domain error for a write that the disk or the database had no room for (ENOSPC or
+    EDQUOT, SQLite's SQLITE_FULL, PostgreSQL's disk_full), found in ``error`` or what caused
+    it; None for any other error."""
+    cause: BaseException | None = error
+    for _ in range(8):
+        if isinstance(cause, DBAPIError):
+            cause = cause.orig
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"no room left to store data: {cause.strerror}")
+        code = getattr(cause, "sqlite_errorcode", 0) if isinstance(cause, sqlite3.Error) else 0
+        sqlite_full = code & 0xFF == sqlite3.SQLITE_FULL
+        if sqlite_full or getattr(cause, "sqlstate", None) == _SQLSTATE_DISK_FULL:
+            return ResourceExhausted(Reason.STORAGE_EXHAUSTED, "the metadata database has no room left on its disk")
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def lock_key(name: str) -> int:

@@ -352,6 +352,17 @@ class DatabaseStore:
                 self._let_go_of_replica_fence()
             self._fence.notify_all()
 
+    def damage(self) -> list[tuple[str, str]]:
+        """What is wrong with the store's bookkeeping, as (subject, detail): an object whose
+        row counts more or fewer chunks than the database holds."""
+        counted = (select(_chunks.c.digest, func.count().label("chunks")).group_by(_chunks.c.digest).subquery())
+        query = (select(_objects.c.digest, _objects.c.chunk_count, func.coalesce(counted.c.chunks, 0))
+                 .join(counted, counted.c.digest == _objects.c.digest, isouter=True)
+                 .where(func.coalesce(counted.c.chunks, 0) != _objects.c.chunk_count))
+        with self.db.engine.connect() as connection:
+            return [(digest, f"has {held} of its {expected} chunks")
+                    for digest, expected, held in connection.execute(query)]
+
     def iter_digests(self) -> Iterator[str]:
         with self.db.engine.connect() as connection:
             result = connection.execution_options(yield_per=1000).execute(select(_objects.c.digest))

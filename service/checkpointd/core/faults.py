@@ -51,6 +51,10 @@ class Point(enum.StrEnum):
     #: Garbage collection: the candidates (objects no checkpoint referenced) are listed; nothing
     #: is deleted yet, and checkpoints, diffs and rollbacks go on meanwhile.
     GC_LISTED = "gc.listed"
+    #: Pack compaction: the live records and carried tombstones are appended, not synced yet.
+    COMPACT_COPIED = "compact.copied"
+    #: Pack compaction: the copies are durable; the compacted pack is not removed yet.
+    COMPACT_SYNCED = "compact.synced"
 
 
 class FaultSpecError(ValueError):

@@ -2,14 +2,22 @@
 
 Grammar: ``term (AND term)*`` where ``term`` is ``FIELD = "VALUE"``; FIELD is phase,
 trigger, source_tool or labels.KEY.
+
+A page token is opaque to clients and authenticated by the server: ``base64url(version |
+sequence | HMAC-SHA256(key, plan, filter, sequence))``, with a key shared by the replicas of
+one database (``server_secrets``). A token the server did not issue for this plan and this
+filter, or one altered in any way, is INVALID_ARGUMENT / INVALID_PAGE_TOKEN.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
+import hmac
 import re
+import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from checkpointd.core.errors import CheckpointdError, InvalidArgument, Reason
@@ -82,26 +90,46 @@ def page_size(requested: int) -> int:
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
-def _query_key(plan: str, filter_text: str) -> str:
-    return hashlib.sha256(f"{plan}\0{filter_text}".encode()).hexdigest()[:16]
+_TOKEN_VERSION = 1
+_TOKEN_BODY = struct.Struct(">BQ")
+_MAC_BYTES = hashlib.sha256().digest_size
+#: What a token the server issued looks like: base64url without padding, of a fixed length.
+_TOKEN = re.compile(rf"[A-Za-z0-9_-]{{{-(-(_TOKEN_BODY.size + _MAC_BYTES) * 4 // 3)}}}")
 
 
-def encode_page_token(plan: str, filter_text: str, before_sequence: int) -> str:
-    body = json.dumps({"q": _query_key(plan, filter_text), "s": before_sequence}).encode()
-    return base64.urlsafe_b64encode(body).decode().rstrip("=")
+class PageTokens:
+    """Issues and checks page tokens (see module docstring). ``key`` is called once, when
+    the first token is issued or checked."""
 
+    def __init__(self, key: Callable[[], bytes]) -> None:
+        self._load_key = key
+        self._key: bytes | None = None
+        self._lock = threading.Lock()
 
-def decode_page_token(token: str, plan: str, filter_text: str) -> int | None:
-    """The sequence to continue below, or None for the first page."""
-    if not token:
-        return None
-    try:
-        body = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        sequence = body["s"]
-        valid = body["q"] == _query_key(plan, filter_text) and isinstance(sequence, int) and sequence > 0
-    except (ValueError, KeyError, TypeError):
-        valid = False
-    if not valid:
+    def _mac(self, plan: str, filter_text: str, body: bytes) -> bytes:
+        if self._key is None:
+            with self._lock:
+                if self._key is None:
+                    self._key = self._load_key()
+        message = bytearray(b"checkpointd page token\0")
+        for part in (plan.encode(), filter_text.encode("utf-8", "surrogatepass"), body):
+            message += struct.pack(">I", len(part)) + part
+        return hmac.new(self._key, bytes(message), hashlib.sha256).digest()
+
+    def issue(self, plan: str, filter_text: str, before_sequence: int) -> str:
+        body = _TOKEN_BODY.pack(_TOKEN_VERSION, before_sequence)
+        return base64.urlsafe_b64encode(body + self._mac(plan, filter_text, body)).decode().rstrip("=")
+
+    def check(self, token: str, plan: str, filter_text: str) -> int | None:
+        """The sequence to continue below, or None for the first page (no token)."""
+        if not token:
+            return None
+        if _TOKEN.fullmatch(token):
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            body, mac = raw[:_TOKEN_BODY.size], raw[_TOKEN_BODY.size:]
+            version, sequence = _TOKEN_BODY.unpack(body)
+            if version == _TOKEN_VERSION and sequence > 0 and hmac.compare_digest(
+                    mac, self._mac(plan, filter_text, body)):
+                return sequence
         raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
-                              "page_token is malformed or was issued for another plan_id or filter")
-    return sequence
+                              "page_token was not issued by this service for this plan_id and filter")

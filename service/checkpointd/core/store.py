@@ -17,6 +17,13 @@ A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body`
 ``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta,
 ``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
 open, records past it are verified and a torn tail is cut off.
+
+Packs are replayed in order on open, the last record of a digest winning and a deletion
+(tombstone) ending every record of it before. A compaction that removes a pack therefore
+carries its tombstones forward while an older pack may still hold a record they end, and
+once every pack is read, a delta whose chain of bases does not end in a stored whole object
+is dropped (an earlier record of the same object that resolves is used instead): an object
+is never counted as stored when it cannot be read.
 """
 
 from __future__ import annotations
@@ -34,13 +41,14 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zstandard
 
 from checkpointd.core import telemetry
 from checkpointd.core.errors import DataLoss, Reason, ResourceExhausted
+from checkpointd.core.faults import Point, crash_point
 from checkpointd.core.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
 
 log = logging.getLogger("checkpointd.store")
@@ -49,6 +57,7 @@ log = logging.getLogger("checkpointd.store")
 #: processes share (see ``readworker``).
 _DELTA = b"X"
 _DELETED = b"D"
+_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _DELETED)
 #: A delta is zlib with the content of another object (its base) as preset dictionary:
 #: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
 #: directory node is stored against the previous one; chains stay short to bound reads.
@@ -64,8 +73,9 @@ _PACK_MAGIC = b"CKPTPAK2"
 #: Packs written before zstd (raw and zlib records only): read, never appended to.
 _PACK_MAGIC_ZLIB = b"CKPTPAK1"
 _PACK_HEADER = struct.Struct(">8sQ")
-#: A pack stops taking new records past this size; a new one is started.
-PACK_ROTATE_BYTES = 256 << 20
+#: A pack stops taking new records past this size; a new one is started. Tests shrink it
+#: (``CHECKPOINTD_PACK_ROTATE_BYTES``) to make a server rotate and compact packs within a test.
+PACK_ROTATE_BYTES = int(os.environ.get("CHECKPOINTD_PACK_ROTATE_BYTES") or 256 << 20)
 #: How many large objects a commit syncs one by one before a whole-file-system sync is cheaper.
 _SYNCFS_THRESHOLD = 16
 
@@ -182,6 +192,29 @@ class _Location:
     depth: int = 0
 
 
+def _dead_key(digest: str) -> int:
+    """What ``ContentStore._dead_keys`` holds of a digest: its first 64 bits (a false match
+    only keeps a tombstone that is not needed)."""
+    return int(digest[:16], 16)
+
+
+@dataclass
+class _Recovery:
+    """What opening the packs learns besides the index, for ``ContentStore._settle_deltas``."""
+
+    #: Deltas written past their pack's durable hint, not verified yet.
+    unverified: list[tuple[str, _Location]] = field(default_factory=list)
+    #: Earlier records of an object whose latest record is a delta, oldest first (rare: two
+    #: batches wrote it at once), to fall back on when that delta does not resolve.
+    superseded: dict[str, list[_Location]] = field(default_factory=dict)
+
+    def record(self, digest: str, location: _Location, previous: _Location | None) -> None:
+        if location.kind != _DELTA:
+            self.superseded.pop(digest, None)
+        elif previous is not None:
+            self.superseded.setdefault(digest, []).append(previous)
+
+
 class _Pack:
     """One append-only pack file. Appends are serialized; syncs are shared (group commit)."""
 
@@ -267,20 +300,17 @@ class ContentStore:
         self._pack_lock = threading.Lock()
         #: Bytes of records in each pack that nothing indexes any more (deleted or superseded).
         self._dead: dict[_Pack, int] = {}
+        #: Which objects have such a dead record in each pack (the first 64 bits of their digest):
+        #: whether a compacted pack's tombstone still ends a record somewhere older.
+        self._dead_keys: dict[_Pack, set[int]] = {}
         #: Compacted packs, already unlinked; their fds stay open for reads still in flight.
         self._retired: list[_Pack] = []
         #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
         self.deletions = 0
         #: base digest -> digests stored as deltas against it (rewritten in full before it is deleted)
         self._dependents: dict[str, set[str]] = {}
-        self._unverified: list[tuple[str, _Location]] = []
         self._index_loose()
         self._open_packs()
-        for digest, location in self._unverified:
-            if self._committed.get(digest) is location and not self._verifies(digest, location):
-                log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
-                del self._committed[digest]
-        self._unverified = []
 
     def referencing(self) -> contextlib.AbstractContextManager[None]:
         """Hold while writing objects and committing the metadata that references them:
@@ -311,22 +341,19 @@ class ContentStore:
     # -- packs --------------------------------------------------------------------------
 
     def _open_packs(self) -> None:
+        recovery = _Recovery()
         for path in sorted(self.packs_dir.glob("pack-*.pack")):
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             pack = _Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
-            self._recover(pack)
+            self._recover(pack, recovery)
             self._packs.append(pack)
         if self._packs and self._packs[-1].appendable and self._packs[-1].size < PACK_ROTATE_BYTES:
             self._active = self._packs[-1]
+        self._settle_deltas(recovery)
 
-    def _recover(self, pack: _Pack) -> None:
-        """Indexes a pack's records; past the durable hint each one is verified, and the
-        first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
-        size = os.fstat(pack.fd).st_size
-        magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
-        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
-            raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
-        pack.appendable = magic == _PACK_MAGIC
+    def _records(self, pack: _Pack, size: int) -> Iterator[tuple[str, bytes, int, int]]:
+        """A pack's well-formed records up to ``size``, in order: (digest, kind, body offset,
+        body length). Stops at the first that is not (a torn tail)."""
         offset = _PACK_HEADER.size
         buffer, buffer_start = b"", offset
         while offset + RECORD.size <= size:
@@ -334,9 +361,21 @@ class ContentStore:
                 buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
             raw_digest, kind, length = RECORD.unpack_from(buffer, offset - buffer_start)
             body_at = offset + RECORD.size
-            if kind not in (RAW, ZLIB, ZSTD, _DELTA, _DELETED) or body_at + length > size:
-                break
-            digest = raw_digest.hex()
+            if kind not in _KINDS or body_at + length > size:
+                return
+            yield raw_digest.hex(), kind, body_at, length
+            offset = body_at + length
+
+    def _recover(self, pack: _Pack, recovery: _Recovery) -> None:
+        """Indexes a pack's records; past the durable hint each one is verified, and the
+        first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
+        size = os.fstat(pack.fd).st_size
+        magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
+        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
+        pack.appendable = magic == _PACK_MAGIC
+        end = _PACK_HEADER.size
+        for digest, kind, body_at, length in self._records(pack, size):
             if kind == _DELTA:
                 if length < _DELTA_HEADER.size:
                     break
@@ -347,21 +386,84 @@ class ContentStore:
             if body_at + length > durable_hint and kind != _DELETED:
                 if kind == _DELTA:
                     # Its base may be in a later pack (moved by a compaction): checked once all are read.
-                    self._unverified.append((digest, location))
+                    recovery.unverified.append((digest, location))
                 elif not self._verifies(digest, location):
                     break
-            previous = self._committed.pop(digest, None) if kind == _DELETED else self._committed.get(digest)
-            if previous is not None and previous.pack is not None:
-                self._dead[previous.pack] = self._dead.get(previous.pack, 0) + RECORD.size + previous.length
+            end = body_at + length
+            previous = self._committed.pop(digest, None)
+            if previous is not None:
+                self._mark_dead(digest, previous)
+            recovery.record(digest, location, previous)
             if kind != _DELETED:
                 self._committed[digest] = location
                 if kind == _DELTA:
                     self._dependents.setdefault(location.base, set()).add(digest)
-            offset = body_at + length
-        if offset != size:
-            os.ftruncate(pack.fd, offset)
+        if end != size:
+            os.ftruncate(pack.fd, end)
             os.fsync(pack.fd)
-        pack.size = pack.durable = offset
+        pack.size = pack.durable = end
+
+    def _settle_deltas(self, recovery: _Recovery) -> None:
+        """Once every pack is read: a delta written past a durable hint must reproduce its
+        object, and every delta's chain of bases must end in a stored whole object (a
+        tombstone lost with a compacted pack, or a batch's record left behind, may have
+        indexed one whose base is gone). Headers only, but for the deltas not known durable."""
+        for digest, location in recovery.unverified:
+            if self._committed.get(digest) is location and not self._verifies(digest, location):
+                log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
+                self._fall_back(digest, recovery)
+        resolved: dict[str, bool] = {}
+        for digest in [d for d, location in self._committed.items() if location.kind == _DELTA]:
+            self._resolves(digest, recovery, resolved)
+
+    def _resolves(self, digest: str, recovery: _Recovery, resolved: dict[str, bool]) -> bool:
+        """Whether ``digest`` is readable from what is indexed, dropping (or falling back
+        from) every delta on its chain that is not."""
+        chain: dict[str, None] = {}
+        current = digest
+        while True:
+            if current in resolved:
+                ok = resolved[current]
+                break
+            location = self._committed.get(current)
+            if location is None or current in chain:
+                ok = False
+                break
+            if location.kind != _DELTA:
+                ok = resolved[current] = True
+                break
+            chain[current] = None
+            current = location.base
+        for delta in reversed(chain):
+            if delta in resolved:  # settled meanwhile, on the chain of a record fallen back on
+                ok = resolved[delta]
+                continue
+            if not ok:
+                log.warning("dropping %s: it is a delta against %s, which is not stored", delta,
+                            self._committed[delta].base)
+                ok = self._fall_back(delta, recovery, resolved)
+            resolved[delta] = ok
+        return ok
+
+    def _fall_back(self, digest: str, recovery: _Recovery, resolved: dict[str, bool] | None = None) -> bool:
+        """Drops the indexed record of ``digest``; an earlier record of it that resolves
+        (one a later batch's record superseded) takes its place. Whether one did."""
+        self._mark_dead(digest, self._committed.pop(digest))
+        for earlier in reversed(recovery.superseded.pop(digest, [])):
+            self._committed[digest] = earlier
+            if earlier.pack is not None:
+                self._dead[earlier.pack] -= RECORD.size + earlier.length
+            if earlier.kind != _DELTA or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
+                return True
+            self._mark_dead(digest, self._committed.pop(digest))
+        return False
+
+    def _mark_dead(self, digest: str, location: _Location) -> None:
+        """Counts a record nothing indexes any more (deleted, superseded, or never committed)."""
+        pack = location.pack
+        if pack is not None:
+            self._dead[pack] = self._dead.get(pack, 0) + RECORD.size + location.length
+            self._dead_keys.setdefault(pack, set()).add(_dead_key(digest))
 
     def _verifies(self, digest: str, location: _Location) -> bool:
         try:
@@ -493,8 +595,8 @@ class ContentStore:
         if location is not None and location.pack is not None:
             # Recorded so that a reopened store does not index it again.
             self._writable_pack().append(digest, _DELETED, b"")
+            self._mark_dead(digest, location)
             pack = location.pack
-            self._dead[pack] = self._dead.get(pack, 0) + RECORD.size + location.length
             if pack is not self._active and self._dead[pack] * 2 > pack.size:
                 self._compact(pack)
 
@@ -508,19 +610,32 @@ class ContentStore:
             kind, body = pack_body(self.read_bytes(dependent))
             new = self._writable_pack().append(dependent, kind, body)
             rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
-            self._dead[location.pack] = self._dead.get(location.pack, 0) + RECORD.size + location.length
+            self._mark_dead(dependent, location)
             self._committed[dependent] = new
         for pack, end in rewritten.items():
             pack.sync_to(end)
 
     def _compact(self, pack: _Pack) -> None:
         """Moves a mostly dead pack's live records to the active pack, then removes it. Called
-        by ``delete``, that is under ``collecting()``: no batch is between writing and committing."""
+        by ``delete``, that is under ``collecting()``: no batch is between writing and committing.
+
+        The pack's tombstones of objects that are not stored again go along while an older
+        pack may still hold a record they end: without them a reopened store would index
+        those records again. Everything appended so far is made durable before the pack goes,
+        so a crash at any step leaves either the pack or its replacement records."""
         moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
+        tombstones = {digest for digest, kind, _body, _length in self._records(pack, pack.size) if kind == _DELETED}
+        carried = [digest for digest in sorted(tombstones)
+                   if digest not in self._committed and digest not in self._staged
+                   and self._older_pack_may_hold(digest, pack)]
         target = self._writable_pack()
         moved = {digest: target.append(digest, location.kind, pack.read(location), location.base, location.depth)
                  for digest, location in moving}
-        target.sync_to(target.size)
+        if carried:
+            target.append_records([RECORD.pack(bytes.fromhex(digest), _DELETED, 0) for digest in carried])
+        crash_point(Point.COMPACT_COPIED)
+        for written in list(self._packs):
+            written.sync_to(written.size)
         for digest, location in moved.items():
             if self._committed.get(digest) is not None:
                 self._committed[digest] = location
@@ -530,9 +645,17 @@ class ContentStore:
             self._retired = [pack]
             self._packs.remove(pack)
             self._dead.pop(pack, None)
+            self._dead_keys.pop(pack, None)
+        crash_point(Point.COMPACT_SYNCED)
         pack.path.unlink(missing_ok=True)
         _fsync_dir(self.packs_dir)
-        log.info("compacted %s: %d live object(s) moved", pack.path.name, len(moved))
+        log.info("compacted %s: %d live object(s) moved, %d tombstone(s) carried", pack.path.name, len(moved),
+                 len(carried))
+
+    def _older_pack_may_hold(self, digest: str, pack: _Pack) -> bool:
+        """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""
+        key = _dead_key(digest)
+        return any(other.number < pack.number and key in self._dead_keys.get(other, ()) for other in self._packs)
 
     def close(self) -> None:
         """Closes the pack files (the store is unusable afterwards)."""
@@ -556,6 +679,28 @@ class ContentStore:
 
     def iter_digests(self) -> Iterator[str]:
         yield from list(self._committed)
+
+    def damage(self) -> list[tuple[str, str]]:
+        """What is wrong with the store's bookkeeping, as (subject, detail): a pack file
+        shorter than the records indexed in it, or missing; a delta whose base is not stored.
+        Opening a store cuts torn tails off and drops deltas that do not resolve, so this finds
+        only what changed underneath a store since (or a defect of its own)."""
+        found = []
+        with self._pack_lock:
+            packs = list(self._packs)
+        for pack in packs:
+            indexed = pack.size  # read before the file's size: appends only move both forward
+            try:
+                on_disk = os.stat(pack.path).st_size
+            except OSError as exc:
+                found.append((pack.path.name, f"cannot be read: {exc.strerror}"))
+                continue
+            if on_disk < indexed:
+                found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
+        for digest, location in list(self._committed.items()):
+            if location.kind == _DELTA and location.base not in self._committed:
+                found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -723,7 +868,7 @@ class Batch:
         for digest, location in self._pending.items():
             previous = committed.get(digest)
             if previous is not None:
-                self._count_dead(previous)
+                self._count_dead(digest, previous)
             if location.pack is None:
                 committed[digest] = loose
             else:
@@ -784,18 +929,17 @@ class Batch:
     def abort(self) -> None:
         """Drops the batch: its large objects are deleted, its packed records are left
         unreferenced (never counted as stored) until the pack is collected."""
-        for location in self._pending.values():
+        for digest, location in self._pending.items():
             if isinstance(location, _StagedFile):
                 location.path.unlink(missing_ok=True)
             else:
-                self._count_dead(location)
+                self._count_dead(digest, location)
         self._forget()
         self._finish(False)
 
-    def _count_dead(self, location: _Location | None) -> None:
-        if location is not None and location.pack is not None:
-            dead = self.store._dead
-            dead[location.pack] = dead.get(location.pack, 0) + RECORD.size + location.length
+    def _count_dead(self, digest: str, location: _Location | None) -> None:
+        if location is not None:
+            self.store._mark_dead(digest, location)
 
     def _finish(self, committed: bool) -> None:
         callbacks, self._finished = self._finished, []
