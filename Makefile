@@ -82,7 +82,7 @@ mutants: install $(NODE_INSTALLED) $(MUTANTS_VENV)/.installed
 	$(MUTANTS_VENV)/bin/python -m tests.mutation.modules $(MUTANTS_ARGS)
 
 lint: install $(NODE_INSTALLED)
-	$(BIN)/ruff check service clients/python tests protos/generate.py protos/apidoc.py
+	$(BIN)/ruff check service clients/python tests setup.py protos/generate.py protos/apidoc.py
 	$(BUF) lint protos
 	$(BUF) breaking protos --against protos/released/checkpoint-v1.binpb
 	$(BIN)/python protos/apidoc.py --check
