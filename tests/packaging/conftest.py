@@ -67,7 +67,7 @@ class Venv:
             run([*PIP, "download", "--dest", WHEELHOUSE, *options, *group], env=clean_env())
         for own in WHEELHOUSE.iterdir():
             if own.name.startswith(OWN_DISTRIBUTIONS):
-                own.unlink()
+                own.unlink(missing_ok=True)
         run(offline, env=clean_env())
 
     def python_output(self, code: str, *args: str | Path, cwd: Path) -> str:
