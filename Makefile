@@ -12,16 +12,24 @@ BUF := $(NODE_DIR)/node_modules/.bin/buf
 MCP_UPSTREAM_DIR := tests/mcp/upstream
 MCP_UPSTREAM_INSTALLED := $(MCP_UPSTREAM_DIR)/node_modules/.installed
 
-.PHONY: install proto run test test-slow test-mutants mutants lint bench clean
+.PHONY: install proto run test test-slow test-mutants mutants lint bench dist clean
 
 install: $(INSTALLED)
 
-# Code is generated before the editable install so the generated packages are found.
-$(INSTALLED): pyproject.toml $(PROTO_SOURCES) protos/generate.py
+# Two editable distributions: checkpointd-client (clients/python: the client and the checkpoint.v1
+# code its build generates) and checkpointd (the server, with the dev tools). Their build
+# requirements go into the venv first, so pip builds both in place without a throwaway build
+# environment each; CHECKPOINTD_CLIENT_DEPENDENCY=version makes the server ask for the client by
+# version, which the editable client satisfies (see setup.py).
+CLIENT_EXTRAS := mcp
+CLIENT_SPEC := ./clients/python$(if $(CLIENT_EXTRAS),[$(CLIENT_EXTRAS)])
+BUILD_CONFIGS := pyproject.toml clients/python/pyproject.toml
+BUILD_REQUIRES = $(BIN)/python -c 'import sys, tomllib; [print(r) for f in sys.argv[1:] for r in tomllib.load(open(f, "rb"))["build-system"]["requires"]]'
+$(INSTALLED): pyproject.toml setup.py VERSION clients/python/pyproject.toml clients/python/setup.py $(PROTO_SOURCES) protos/generate.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip 'grpcio-tools>=1.70'
-	$(BIN)/python protos/generate.py
-	$(PIP) -e '.[dev]'
+	$(PIP) --upgrade pip $$($(BUILD_REQUIRES) $(BUILD_CONFIGS))
+	CHECKPOINTD_CLIENT_DEPENDENCY=version $(PIP) --no-build-isolation $$($(BUILD_REQUIRES) $(BUILD_CONFIGS)) \
+		-e '$(CLIENT_SPEC)' -e '.[dev]'
 	touch $@
 
 $(NODE_INSTALLED): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
@@ -74,13 +82,21 @@ mutants: install $(NODE_INSTALLED) $(MUTANTS_VENV)/.installed
 	$(MUTANTS_VENV)/bin/python -m tests.mutation.modules $(MUTANTS_ARGS)
 
 lint: install $(NODE_INSTALLED)
-	$(BIN)/ruff check service clients/python tests protos/generate.py protos/apidoc.py
+	$(BIN)/ruff check service clients/python tests setup.py protos/generate.py protos/apidoc.py
 	$(BUF) lint protos
 	$(BUF) breaking protos --against protos/released/checkpoint-v1.binpb
 	$(BIN)/python protos/apidoc.py --check
 
+# Release artifacts in dist/: both Python sdists and wheels (each wheel built from its sdist, so the
+# server's pins checkpointd-client==VERSION) and the Node client's npm tarball.
+dist: install $(NODE_INSTALLED)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist clients/python
+	$(BIN)/python -m build --outdir dist .
+	cd $(NODE_DIR) && npm pack --pack-destination ../../dist
+
 clean:
-	rm -rf $(VENV) $(MUTANTS_VENV)
+	rm -rf $(VENV) $(MUTANTS_VENV) dist
 	find protos \( -name '*_pb2*.py*' -o -name '__init__.py' \) -delete
 
 # Side-by-side figures against a shadow-git baseline (tests/bench/README.md); BENCH_ARGS=--quick for a short run.

@@ -8,19 +8,43 @@
  * with a RangeError listing the known ones, never passed on.
  */
 
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const protobuf = require('protobufjs');
 
-/** Where the contract's .proto files live; CHECKPOINTD_PROTOS overrides it (e.g. in a package). */
-const PROTO_ROOT = process.env.CHECKPOINTD_PROTOS || path.resolve(__dirname, '..', '..', '..', 'protos');
-const GOOGLE_RPC_ROOT = path.resolve(__dirname, '..', 'protos');
+const PACKAGE_DIR = path.resolve(__dirname, '..');
+/** The package's own .proto files: google/rpc always, checkpoint/v1 copied in by `npm pack`. */
+const PACKAGED_PROTOS = path.join(PACKAGE_DIR, 'protos');
+const GOOGLE_RPC_ROOT = PACKAGED_PROTOS;
 const CONTRACT_FILES = [
   'checkpoint/v1/checkpoint_service.proto',
   'checkpoint/v1/config_service.proto',
   'checkpoint/v1/errors.proto',
 ];
+
+/**
+ * Where the contract's .proto files live. CHECKPOINTD_PROTOS overrides it. Used in place in a
+ * checkout of the repository (this package at clients/node), it reads the repository's protos/,
+ * so `npm test` needs no copy and never sees a stale one; installed from its tarball, it reads
+ * the copy packed inside it (scripts/pack-protos.js) and nothing outside the package.
+ */
+function protoRoot() {
+  if (process.env.CHECKPOINTD_PROTOS) return process.env.CHECKPOINTD_PROTOS;
+  const repository = path.resolve(PACKAGE_DIR, '..', '..');
+  const inCheckout =
+    path.relative(repository, PACKAGE_DIR) === path.join('clients', 'node') &&
+    fs.existsSync(path.join(repository, 'protos', CONTRACT_FILES[0]));
+  if (inCheckout) return path.join(repository, 'protos');
+  if (fs.existsSync(path.join(PACKAGED_PROTOS, CONTRACT_FILES[0]))) return PACKAGED_PROTOS;
+  throw new Error(
+    `checkpoint.v1 .proto files not found in ${PACKAGED_PROTOS}: install the package from its npm tarball, ` +
+      'use it in place in a checkout of the repository, or set CHECKPOINTD_PROTOS',
+  );
+}
+
+const PROTO_ROOT = protoRoot();
 
 /**
  * proto-loader options. Field names become lowerCamelCase (planId), int64 becomes Number
