@@ -774,8 +774,9 @@ class Checkpoints:
         validation.max_length(req.current_state, validation.MAX_STATE_BYTES, "current_state")
         request_id = validation.request_id(req.request_id)
         fingerprint = _fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value, paths=subset,
-                                   dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest(),
-                                   **({"nested": True} if req.allow_nested_workspaces else {}))
+                                   dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest())
+        if req.allow_nested_workspaces:  # folded in only when set: request_ids recorded before it keep matching
+            fingerprint = _fingerprint(rollback=fingerprint, allow_nested_workspaces=True)
         with self._plan_lock(plan_id), self.store.referencing():
             leftover = self._take_over(plan_id)
             with self.db.session() as session:
