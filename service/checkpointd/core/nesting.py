@@ -8,8 +8,9 @@ A rollback of plan P "reaches into" plan Q when one of its changes lies in files
   change of P rewrites files Q has captured; Q excluding that directory means it tracks none).
 
 Two plans with the same root are one workspace used by two plans in turn and are not checked.
-The other plans are found with one query over the plans table (only when a rollback changes
-something).
+The other plans are found by equality lookups on the plans' indexed workspace roots (the root's
+ancestors, and each changed path's directories), only when a rollback changes something: the cost
+follows the size of the rollback, not the number of plans.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
 
 from checkpointd.core.errors import FailedPrecondition, Reason
@@ -34,6 +34,30 @@ class NestedWorkspace:
     first_path: str
 
 
+#: Candidate roots looked up per query.
+_LOOKUP_BATCH = 500
+
+
+def _directories_of(changes: list[Change]) -> set[str]:
+    """Every workspace-relative path a nested plan's root could be, for ``changes`` to reach into
+    it: each changed path and each directory above it."""
+    found: set[str] = set()
+    for change in changes:
+        path = change.path
+        while path and path not in found:
+            found.add(path)
+            path = path.rpartition("/")[0]
+    return found
+
+
+def _is_text(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _ancestors(root: str) -> list[str]:
     found = []
     while root != "/":
@@ -48,12 +72,15 @@ def nested_workspaces(session: Session, trees: Trees, plan_id: str, root: str,
     if not changes:
         return []
     prefix = root.rstrip("/") + "/"
-    others = session.exec(
-        select(PlanRow.plan_id, PlanRow.workspace_root)
-        .where(PlanRow.plan_id != plan_id, col(PlanRow.workspace_root).is_not(None),
-               or_(col(PlanRow.workspace_root).in_(_ancestors(root)),
-                   func.substr(PlanRow.workspace_root, 1, len(prefix)) == prefix))
-        .order_by(PlanRow.plan_id)).all()
+    # A root is text (a request's UTF-8): a name that is not UTF-8 cannot be one.
+    candidates = sorted({*_ancestors(root), *(prefix + d for d in _directories_of(changes) if _is_text(d))})
+    others = []
+    for start in range(0, len(candidates), _LOOKUP_BATCH):
+        others += session.exec(
+            select(PlanRow.plan_id, PlanRow.workspace_root)
+            .where(col(PlanRow.workspace_root).in_(candidates[start:start + _LOOKUP_BATCH]),
+                   PlanRow.plan_id != plan_id)).all()
+    others.sort()
     found = []
     for other_id, other_root in others:
         if other_root.startswith(prefix):
