@@ -81,6 +81,9 @@ def export(args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+    if args.json:
+        render.emit_json({"output": str(output), "size_bytes": size, "checkpoint_id": args.checkpoint_id})
+        return 0
     render.err.print(f"wrote {output} ({render.human_size(size)}): checkpoint {args.checkpoint_id}'s files as a tar "
                      f"archive (tar -tvf {output} lists them)", highlight=False, markup=False)
     return 0

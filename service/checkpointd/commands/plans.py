@@ -22,7 +22,8 @@ def _local(moment: timestamp_pb2.Timestamp) -> str:
 def _filter(args: argparse.Namespace) -> str:
     terms = [args.filter] if args.filter else []
     if args.under:
-        terms.append(f'workspace_root : "{args.under}"')
+        quoted = args.under.replace("\\", "\\\\").replace('"', '\\"')
+        terms.append(f'workspace_root : "{quoted}"')
     return " AND ".join(terms)
 
 
