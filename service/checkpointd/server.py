@@ -49,7 +49,7 @@ from checkpointd.core.db_store import StoreKind, open_store
 from checkpointd.core.fsck import FsckReport
 from checkpointd.core.fsck import check as check_integrity
 from checkpointd.core.journal import LEGACY_DIRECTORY
-from checkpointd.core.retention import Maintenance, MaintenanceReport
+from checkpointd.core.retention import GcPostponed, Maintenance, MaintenanceReport
 from checkpointd.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
 from checkpointd.listeners import (
     Listener,
@@ -278,6 +278,8 @@ class CheckpointdServer:
         while not self._stopping.wait(self.settings.gc_interval_seconds):
             try:
                 self.run_maintenance()
+            except GcPostponed as exc:
+                log.warning("%s; trying again in %ss", exc, self.settings.gc_interval_seconds)
             except Exception:
                 log.exception("retention/GC run failed; retrying in %ss", self.settings.gc_interval_seconds)
                 if self.metrics is not None:

@@ -2,7 +2,12 @@
 at that plan, far more than the server has threads: health and other plans' creates keep
 answering within the bound. The calls for the stuck plan wait without holding a thread, or are
 refused UNAVAILABLE / PLAN_BUSY (which clients retry); none fails otherwise, and once the
-capture resumes every accepted call completes."""
+capture resumes every accepted call completes.
+
+Garbage collection runs every 0.2 s meanwhile: it cannot run while the stuck capture references
+the store, and must not hold the other plans' captures back behind it (it is postponed). With
+``--store db`` the stuck capture also holds the replica fence past its turn: the other captures
+must not wait for it either. Runs on SQLite and (Makefile PG stage) PostgreSQL + database store."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.core.planlocks import MAX_WAITERS
 from tests.hardening.liveness import Probes
-from tests.hardening.support import list_all, start_with_faults
+from tests.hardening.support import list_all, metric, start_with_faults
 from tests.helpers import error_info
 
 #: Calls fired at the stuck plan: more than the server has threads (32) and than may wait for a plan.
@@ -26,6 +31,7 @@ def test_a_stuck_capture_and_a_flood_of_calls_for_its_plan_stall_no_other_plan(i
     server = idle_server
     handshake = tmp_path / "faults"
     handshake.mkdir()
+    server.extra_args = (*server.extra_args, "--gc-interval", "0.2", "--metrics-listen", "127.0.0.1:0")
     start_with_faults(server, CHECKPOINTD_PAUSE_AT="workspace.read:1", CHECKPOINTD_FAULT_DIR=str(handshake))
     probes = Probes(server)  # their workspaces have no .gitignore: they never reach workspace.read
     stuck_root = server.new_workspace()
@@ -44,6 +50,14 @@ def test_a_stuck_capture_and_a_flood_of_calls_for_its_plan_stall_no_other_plan(i
                 break
             reached.wait(0.01)
         assert paused.exists(), f"the capture never paused: {stuck.exception() if stuck.done() else 'running'}"
+        # A collection gives up on a capture once it has referenced the store for its patience:
+        # from then on, every collection gives up at once (the stuck capture is older than that).
+        postponed_before = metric(server, "checkpointd_gc_postponed_total")
+        for _ in range(3000):
+            if metric(server, "checkpointd_gc_postponed_total") > postponed_before:
+                break
+            reached.wait(0.01)
+        assert metric(server, "checkpointd_gc_postponed_total") > postponed_before, server.log()
 
         flood = []
         for i in range(FLOOD):
