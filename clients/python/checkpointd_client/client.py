@@ -215,6 +215,14 @@ class CheckpointClient:
         request = checkpoint_service_pb2.DeleteCheckpointRequest(checkpoint_id=checkpoint_id)
         self._rpc.unary("DeleteCheckpoint", self._stub.DeleteCheckpoint, request, timeout)
 
+    def delete_checkpoints(
+        self, *, plan_id: str = "", filter_expr: str = "", timeout: float | None = None
+    ) -> list[Checkpoint]:
+        """Delete every checkpoint the AIP-160 filter selects, in one plan or (no plan_id) in every
+        plan; returns those deleted, without state."""
+        request = checkpoint_service_pb2.DeleteCheckpointsRequest(plan_id=plan_id, filter=filter_expr)
+        return list(self._rpc.unary("DeleteCheckpoints", self._stub.DeleteCheckpoints, request, timeout).checkpoints)
+
     def diff_checkpoints(
         self,
         base_checkpoint_id: str,

@@ -60,6 +60,10 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
         return response
 
+    def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.ServicerContext):
+        deleted = self.checkpoints.delete_matching(request.plan_id, request.filter)
+        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
+
 
 class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
@@ -89,6 +93,10 @@ class AsyncCheckpointServicer(CheckpointServicer):
 
     async def Rollback(self, request: pb.RollbackRequest, context: grpc.aio.ServicerContext):
         return await self._for_plan(super().Rollback, request, context, plan_id=request.plan_id)
+
+    async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
+        # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
+        return await self._in_thread(super().DeleteCheckpoints, request, context)
 
 
 def _create_request(request: pb.CreateCheckpointRequest) -> CreateRequest:

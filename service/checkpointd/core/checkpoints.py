@@ -698,6 +698,12 @@ class Checkpoints:
             session.delete(row)
             session.commit()
 
+    def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
+        """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
+        from checkpointd.core.bulk_delete import delete_matching
+
+        return delete_matching(self, plan_id, filter_text)
+
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
         target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)

@@ -1,0 +1,140 @@
+"""How LangGraph's data is laid out on checkpointd's contract, in one place (a saver in another
+language must follow the same layout to share threads with this one).
+
+- A thread is a plan. LangGraph thread ids are arbitrary strings while plan ids are ULIDs, so the
+  plan id is derived: the first 128 bits of SHA-256("langgraph-thread\\0" + thread_id) in ULID form.
+  Deterministic, so every process (and a saver in any language) finds the thread's plan with no
+  lookup table to keep consistent, and the contract's plan ids stay ULIDs. The thread's pending
+  writes live in a second plan, derived the same way from the thread's plan id, which never has a
+  workspace: recording a write must not capture files, nor appear among the thread's restore points.
+- A LangGraph checkpoint is a checkpointd checkpoint. Its state is an envelope (msgpack): the
+  thread id, namespace, checkpoint id, parent id, and the checkpoint and metadata as the saver's
+  serializer wrote them (type, bytes). Labels make it findable on the server: the record kind, the
+  checkpoint id, the namespace (or its digest, when longer than a label value may be) and the run id.
+- One put_writes call is one state-only checkpoint of the writes plan, labelled with the checkpoint
+  id, namespace and task id; its state holds the writes (index, channel, type, bytes) and task path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ormsgpack
+
+from checkpointd_client.ids import _CROCKFORD_BASE32
+
+ENVELOPE_FORMAT = "checkpointd.langgraph/1"
+KIND_LABEL = "langgraph_record"
+CHECKPOINT_LABEL = "langgraph_checkpoint_id"
+NAMESPACE_LABEL = "langgraph_ns"
+RUN_LABEL = "langgraph_run_id"
+TASK_LABEL = "langgraph_task_id"
+CHECKPOINT_KIND = "checkpoint"
+WRITES_KIND = "writes"
+#: checkpointd's limit on a label value.
+MAX_LABEL_VALUE = 256
+SOURCE_TOOL = "langgraph"
+
+
+def _ulid_shaped(seed: str) -> str:
+    value = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:16], "big")
+    return "".join(_CROCKFORD_BASE32[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def thread_plan_id(thread_id: str) -> str:
+    """The plan that holds a LangGraph thread's checkpoints (and, with a workspace, its files)."""
+    return _ulid_shaped("langgraph-thread\0" + str(thread_id))
+
+
+def writes_plan_id(plan_id: str) -> str:
+    """The plan that holds the pending writes of the thread whose plan is ``plan_id``."""
+    return _ulid_shaped("langgraph-writes\0" + plan_id)
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: itself when short enough, else its digest (the exact text is in
+    the record's state, which the saver checks)."""
+    if len(text) <= MAX_LABEL_VALUE:
+        return text
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def label_filter(**labels: str) -> str:
+    """An AIP-160 filter selecting checkpoints by label values."""
+    return " AND ".join(f"labels.{key} = {quoted(value)}" for key, value in labels.items())
+
+
+def checkpoint_labels(checkpoint_id: str, ns: str, metadata: Mapping[str, Any]) -> dict[str, str]:
+    labels = {KIND_LABEL: CHECKPOINT_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id), NAMESPACE_LABEL: label_value(ns)}
+    run_id = metadata.get("run_id")
+    if isinstance(run_id, str) and len(run_id) <= MAX_LABEL_VALUE:
+        labels[RUN_LABEL] = run_id
+    return labels
+
+
+@dataclass(frozen=True)
+class CheckpointEnvelope:
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    checkpoint: tuple[str, bytes]
+    metadata: tuple[str, bytes]
+
+    def dumps(self) -> bytes:
+        return ormsgpack.packb({
+            "format": ENVELOPE_FORMAT, "thread_id": self.thread_id, "ns": self.ns, "id": self.checkpoint_id,
+            "parent": self.parent_id, "checkpoint": list(self.checkpoint), "metadata": list(self.metadata),
+        })
+
+    @classmethod
+    def loads(cls, data: bytes) -> CheckpointEnvelope | None:
+        """The envelope in a checkpoint's state; None when the state is not one (not written by a saver)."""
+        try:
+            raw = ormsgpack.unpackb(data)
+        except ormsgpack.MsgpackDecodeError:
+            return None
+        if not isinstance(raw, dict) or raw.get("format") != ENVELOPE_FORMAT:
+            return None
+        return cls(raw["thread_id"], raw["ns"], raw["id"], raw["parent"], tuple(raw["checkpoint"]),
+                   tuple(raw["metadata"]))
+
+
+@dataclass(frozen=True)
+class StoredWrite:
+    idx: int
+    channel: str
+    value: tuple[str, bytes]
+
+
+@dataclass(frozen=True)
+class WritesEnvelope:
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    task_path: str
+    writes: tuple[StoredWrite, ...]
+
+    def dumps(self) -> bytes:
+        return ormsgpack.packb({
+            "format": ENVELOPE_FORMAT, "ns": self.ns, "id": self.checkpoint_id, "task_id": self.task_id,
+            "task_path": self.task_path, "writes": [[w.idx, w.channel, *w.value] for w in self.writes],
+        })
+
+    @classmethod
+    def loads(cls, data: bytes) -> WritesEnvelope | None:
+        try:
+            raw = ormsgpack.unpackb(data)
+        except ormsgpack.MsgpackDecodeError:
+            return None
+        if not isinstance(raw, dict) or raw.get("format") != ENVELOPE_FORMAT:
+            return None
+        writes = tuple(StoredWrite(idx, channel, (kind, blob)) for idx, channel, kind, blob in raw["writes"])
+        return cls(raw["ns"], raw["id"], raw["task_id"], raw["task_path"], writes)

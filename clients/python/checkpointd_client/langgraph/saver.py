@@ -1,0 +1,368 @@
+"""CheckpointdSaver: a LangGraph checkpointer that keeps a thread's checkpoints (and, given a
+workspace, the files the graph's nodes change) in checkpointd, so that time travel rewinds both.
+
+The layout on checkpointd's contract is in ``records``. The async methods run the sync ones on a
+worker thread: the calls are short unary RPCs on one shared channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import grpc
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpointd_client.client import DEFAULT_DEADLINE_S, CheckpointClient, open_channel
+from checkpointd_client.langgraph import records
+from checkpointd_client.langgraph.records import (
+    CHECKPOINT_KIND,
+    CHECKPOINT_LABEL,
+    KIND_LABEL,
+    NAMESPACE_LABEL,
+    WRITES_KIND,
+    CheckpointEnvelope,
+    StoredWrite,
+    WritesEnvelope,
+    label_filter,
+    label_value,
+    thread_plan_id,
+    writes_plan_id,
+)
+from checkpointd_client.targets import default_target
+
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+
+
+class CheckpointdSaver(BaseCheckpointSaver[str]):
+    """LangGraph checkpointer on a checkpointd server at ``target`` (as for ``Checkpointd``).
+
+    With ``workspace_root`` (or ``config["configurable"]["workspace_root"]`` per thread: an
+    absolute path on the server's host, under one of its ``--workspace-root`` directories), every
+    checkpoint LangGraph puts also captures that directory's files, and ``rewind(config)`` brings
+    them back as they were at the checkpoint ``config`` names.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        workspace_root: str | os.PathLike[str] | None = None,
+        serde: SerializerProtocol | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.target = target or default_target()
+        self.workspace_root = os.fspath(workspace_root) if workspace_root is not None else None
+        self._channel = open_channel(self.target, credentials=credentials, server_name=server_name)
+        self.client = CheckpointClient(self._channel, deadline_s=deadline_s, token=token)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CheckpointdSaver:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- put -------------------------------------------------------------------------------
+
+    def put(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+    ) -> RunnableConfig:
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        checkpoint_id = checkpoint["id"]
+        if len(checkpoint_id) > records.MAX_LABEL_VALUE:
+            raise ValueError(f"checkpoint ids longer than {records.MAX_LABEL_VALUE} characters are not supported")
+        stored_metadata = get_checkpoint_metadata(config, metadata)
+        envelope = CheckpointEnvelope(
+            thread_id, ns, checkpoint_id, configurable.get("checkpoint_id"),
+            self.serde.dumps_typed(checkpoint), self.serde.dumps_typed(stored_metadata))
+        self.client.create_checkpoint(
+            thread_plan_id(thread_id),
+            source_tool=records.SOURCE_TOOL,
+            labels=records.checkpoint_labels(checkpoint_id, ns, stored_metadata),
+            description=f"LangGraph checkpoint {checkpoint_id} (namespace {ns!r}, step {stored_metadata.get('step')})",
+            state=envelope.dumps(),
+            workspace_root=configurable.get("workspace_root") or self.workspace_root,
+        )
+        return _config(thread_id, ns, checkpoint_id)
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        checkpoint_id = configurable["checkpoint_id"]
+        stored = tuple(StoredWrite(WRITES_IDX_MAP.get(channel, index), channel, self.serde.dumps_typed(value))
+                       for index, (channel, value) in enumerate(writes))
+        envelope = WritesEnvelope(ns, checkpoint_id, task_id, task_path, stored)
+        self.client.create_checkpoint(
+            writes_plan_id(thread_plan_id(thread_id)),
+            source_tool=records.SOURCE_TOOL,
+            labels={KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id),
+                    NAMESPACE_LABEL: label_value(ns), records.TASK_LABEL: label_value(task_id)},
+            state=envelope.dumps(),
+        )
+
+    # -- read ------------------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        plan_id = thread_plan_id(thread_id)
+        if checkpoint_id:
+            candidates = self._records(plan_id, ns=ns, checkpoint_id=checkpoint_id)
+        else:
+            candidates = _latest_first(self._records(plan_id, ns=ns))
+        for record in candidates:
+            found = self._load(record, ns)
+            if found is not None:
+                return self._tuple(thread_id, found, self._writes(plan_id, found.ns, found.checkpoint_id))
+        return None
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - LangGraph's parameter name
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        if config is None or "thread_id" not in config.get("configurable", {}):
+            raise ValueError("CheckpointdSaver.list needs config['configurable']['thread_id']: "
+                             "checkpointd lists one thread (plan) at a time")
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        ns = configurable.get("checkpoint_ns")
+        plan_id = thread_plan_id(thread_id)
+        candidates = _latest_first(self._records(plan_id, ns=ns, checkpoint_id=get_checkpoint_id(config)))
+        before_id = get_checkpoint_id(before) if before else None
+        if before_id:
+            candidates = [r for r in candidates if r.labels[CHECKPOINT_LABEL] < before_id]
+        all_writes: list[pb.Checkpoint] | None = None
+        yielded = 0
+        for record in candidates:
+            if limit is not None and yielded >= limit:
+                return
+            found = self._load(record, ns)
+            if found is None:
+                continue
+            metadata = self.serde.loads_typed(found.metadata)
+            if filter and not all(key in metadata and metadata[key] == value for key, value in filter.items()):
+                continue
+            if all_writes is None:
+                all_writes = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000)
+            yield self._tuple(thread_id, found, self._writes_of(all_writes, found.ns, found.checkpoint_id), metadata)
+            yielded += 1
+
+    def _records(self, plan_id: str, *, ns: str | None = None, checkpoint_id: str | None = None) -> list[pb.Checkpoint]:
+        """The thread's LangGraph checkpoints (without state) that the labels select, newest first."""
+        labels = {KIND_LABEL: CHECKPOINT_KIND}
+        if ns is not None:
+            labels[NAMESPACE_LABEL] = label_value(ns)
+        if checkpoint_id:
+            labels[CHECKPOINT_LABEL] = label_value(checkpoint_id)
+        return self.client.list_checkpoints(plan_id, filter_expr=label_filter(**labels), page_size=1000)
+
+    def _load(self, record: pb.Checkpoint, ns: str | None) -> CheckpointEnvelope | None:
+        full = self.client.get_checkpoint(record.checkpoint_id, full=True)
+        envelope = CheckpointEnvelope.loads(full.state)
+        if envelope is None or (ns is not None and envelope.ns != ns):
+            return None
+        return envelope
+
+    def _writes(self, plan_id: str, ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
+        found = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000, filter_expr=label_filter(
+            **{KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id), NAMESPACE_LABEL: label_value(ns)}))
+        return self._writes_of(found, ns, checkpoint_id)
+
+    def _writes_of(self, found: list[pb.Checkpoint], ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
+        """The pending writes of one checkpoint, merged as every saver does: a task's regular write
+        at an index is kept from its first put_writes, a special one (error, interrupt ...) from its
+        last; ordered as LangGraph applies them (``writes_sort_key``)."""
+        merged: dict[tuple[str, int], tuple[str, str, str, StoredWrite]] = {}
+        wanted = (label_value(ns), label_value(checkpoint_id))
+        for record in sorted(found, key=lambda r: r.sequence):
+            if (record.labels.get(NAMESPACE_LABEL), record.labels.get(CHECKPOINT_LABEL)) != wanted:
+                continue
+            envelope = WritesEnvelope.loads(self.client.get_checkpoint(record.checkpoint_id, full=True).state)
+            if envelope is None or envelope.ns != ns or envelope.checkpoint_id != checkpoint_id:
+                continue
+            for write in envelope.writes:
+                key = (envelope.task_id, write.idx)
+                if write.idx >= 0 and key in merged:
+                    continue
+                merged[key] = (envelope.task_path, envelope.task_id, write.channel, write)
+        ordered = sorted(merged.values(), key=lambda w: writes_sort_key(w[0], w[1], w[3].idx))
+        return [(task_id, channel, self.serde.loads_typed(write.value)) for _, task_id, channel, write in ordered]
+
+    def _tuple(self, thread_id: str, envelope: CheckpointEnvelope, writes: list[tuple[str, str, Any]],
+               metadata: CheckpointMetadata | None = None) -> CheckpointTuple:
+        return CheckpointTuple(
+            config=_config(thread_id, envelope.ns, envelope.checkpoint_id),
+            checkpoint=self.serde.loads_typed(envelope.checkpoint),
+            metadata=metadata if metadata is not None else self.serde.loads_typed(envelope.metadata),
+            parent_config=_config(thread_id, envelope.ns, envelope.parent_id) if envelope.parent_id else None,
+            pending_writes=writes,
+        )
+
+    # -- delete, copy, prune ----------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        plan_id = thread_plan_id(str(thread_id))
+        self.client.delete_checkpoints(plan_id=plan_id)
+        self.client.delete_checkpoints(plan_id=writes_plan_id(plan_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            deleted = self.client.delete_checkpoints(
+                filter_expr=label_filter(**{KIND_LABEL: CHECKPOINT_KIND, records.RUN_LABEL: run_id}))
+            for checkpoint in deleted:
+                self._delete_writes(checkpoint.plan_id, checkpoint)
+
+    def _delete_writes(self, plan_id: str, record: pb.Checkpoint) -> None:
+        self.client.delete_checkpoints(plan_id=writes_plan_id(plan_id), filter_expr=label_filter(**{
+            KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: record.labels[CHECKPOINT_LABEL],
+            NAMESPACE_LABEL: record.labels[NAMESPACE_LABEL]}))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every checkpoint and pending write of a thread, oldest first, as state: the files
+        of the source thread's checkpoints are not copied (the target keeps its own workspace)."""
+        source, target = thread_plan_id(str(source_thread_id)), thread_plan_id(str(target_thread_id))
+        for record in sorted(self._records(source), key=lambda r: r.sequence):
+            envelope = CheckpointEnvelope.loads(self.client.get_checkpoint(record.checkpoint_id, full=True).state)
+            if envelope is None:
+                continue
+            copied = CheckpointEnvelope(str(target_thread_id), envelope.ns, envelope.checkpoint_id,
+                                        envelope.parent_id, envelope.checkpoint, envelope.metadata)
+            self.client.create_checkpoint(target, source_tool=records.SOURCE_TOOL, labels=dict(record.labels),
+                                          description=record.description, state=copied.dumps())
+        for record in sorted(self.client.list_checkpoints(writes_plan_id(source), page_size=1000),
+                             key=lambda r: r.sequence):
+            state = self.client.get_checkpoint(record.checkpoint_id, full=True).state
+            self.client.create_checkpoint(writes_plan_id(target), source_tool=records.SOURCE_TOOL,
+                                          labels=dict(record.labels), state=state)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest`` keeps the newest checkpoint of each namespace (and its writes);
+        ``delete`` deletes the threads. Other checkpoints of the plans (a rewind's safety
+        checkpoints) are not LangGraph's and stay."""
+        if strategy not in PRUNE_STRATEGIES:
+            raise ValueError(f"unknown prune strategy {strategy!r}; use one of {', '.join(PRUNE_STRATEGIES)}")
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            plan_id = thread_plan_id(str(thread_id))
+            kept: set[str] = set()
+            for record in _latest_first(self._records(plan_id)):
+                if record.labels[NAMESPACE_LABEL] not in kept:
+                    kept.add(record.labels[NAMESPACE_LABEL])
+                    continue
+                self.client.delete_checkpoint(record.checkpoint_id)
+                if not self._records(plan_id, ns=None, checkpoint_id=record.labels[CHECKPOINT_LABEL]):
+                    self._delete_writes(plan_id, record)
+
+    # -- workspace -------------------------------------------------------------------------
+
+    def rewind(self, config: RunnableConfig) -> pb.RollbackResponse:
+        """Rolls the thread's workspace files back to the checkpoint ``config`` names (its
+        ``checkpoint_id``, e.g. from ``graph.get_state_history``). checkpointd records a safety
+        checkpoint of the current files first, so the rewind can itself be undone. The graph state
+        needs no rewinding: ``graph.invoke(None, config)`` resumes from that checkpoint."""
+        configurable = config["configurable"]
+        thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        if not checkpoint_id:
+            raise ValueError("rewind needs config['configurable']['checkpoint_id']: the checkpoint to go back to")
+        plan_id = thread_plan_id(thread_id)
+        for record in self._records(plan_id, ns=ns, checkpoint_id=checkpoint_id):
+            if not record.has_files:
+                raise ValueError(f"checkpoint {checkpoint_id} of thread {thread_id!r} has no files: "
+                                 "give the saver (or the thread's config) a workspace_root")
+            return self.client.rollback(plan_id, record.checkpoint_id, scope=pb.ROLLBACK_SCOPE_FILES)
+        raise LookupError(f"thread {thread_id!r} has no checkpoint {checkpoint_id} in namespace {ns!r}")
+
+    async def arewind(self, config: RunnableConfig) -> pb.RollbackResponse:
+        return await asyncio.to_thread(self.rewind, config)
+
+    # -- versions and async ----------------------------------------------------------------
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Monotonic string versions, as LangGraph's own database savers make them."""
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(current.split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,  # noqa: A002
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        found = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for item in found:
+            yield item
+
+    async def aput(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+    ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+def _latest_first(found: list[pb.Checkpoint]) -> list[pb.Checkpoint]:
+    """LangGraph's order, newest checkpoint id first; of records of one id, the last put first."""
+    return sorted(found, key=lambda r: (r.labels[CHECKPOINT_LABEL], r.sequence), reverse=True)
