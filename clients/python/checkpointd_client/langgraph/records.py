@@ -72,7 +72,8 @@ def label_filter(**labels: str) -> str:
 
 
 def checkpoint_labels(checkpoint_id: str, ns: str, metadata: Mapping[str, Any]) -> dict[str, str]:
-    labels = {KIND_LABEL: CHECKPOINT_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id), NAMESPACE_LABEL: label_value(ns)}
+    labels = {KIND_LABEL: CHECKPOINT_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id),
+              NAMESPACE_LABEL: label_value(ns)}
     run_id = metadata.get("run_id")
     if isinstance(run_id, str) and len(run_id) <= MAX_LABEL_VALUE:
         labels[RUN_LABEL] = run_id

@@ -88,7 +88,8 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
     # -- put -------------------------------------------------------------------------------
 
     def put(
-        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
     ) -> RunnableConfig:
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
@@ -195,8 +196,10 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         return envelope
 
     def _writes(self, plan_id: str, ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
-        found = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000, filter_expr=label_filter(
-            **{KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id), NAMESPACE_LABEL: label_value(ns)}))
+        labels = {KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id),
+                  NAMESPACE_LABEL: label_value(ns)}
+        found = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000,
+                                             filter_expr=label_filter(**labels))
         return self._writes_of(found, ns, checkpoint_id)
 
     def _writes_of(self, found: list[pb.Checkpoint], ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
@@ -337,7 +340,8 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
             yield item
 
     async def aput(
-        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
     ) -> RunnableConfig:
         return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
 

@@ -1,0 +1,109 @@
+"""A real LangGraph graph whose nodes write files, checkpointed by CheckpointdSaver with a
+workspace: time travel rewinds the files with the state, and the graph re-runs from there."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import uuid
+from pathlib import Path
+from typing import Annotated, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+
+from checkpointd_client import CheckpointClient
+from checkpointd_client.langgraph import CheckpointdSaver, thread_plan_id
+
+
+class Draft(TypedDict):
+    steps: Annotated[list[str], operator.add]
+
+
+def _graph(workspace: Path, saver: CheckpointdSaver, runs: list[str]):
+    """outline writes outline.md; expand rewrites it and adds body.md; review adds a review and
+    deletes the outline: each node changes the workspace in its own way."""
+
+    def outline(state: Draft) -> Draft:
+        runs.append("outline")
+        (workspace / "outline.md").write_text("1. intro\n")
+        return {"steps": ["outline"]}
+
+    def expand(state: Draft) -> Draft:
+        runs.append("expand")
+        (workspace / "outline.md").write_text("1. intro\n2. body\n")
+        (workspace / "body.md").write_text("the body\n")
+        return {"steps": ["expand"]}
+
+    def review(state: Draft) -> Draft:
+        runs.append("review")
+        (workspace / "review.md").write_text("looks good\n")
+        (workspace / "outline.md").unlink()
+        return {"steps": ["review"]}
+
+    builder = StateGraph(Draft)
+    builder.add_node("outline", outline)
+    builder.add_node("expand", expand)
+    builder.add_node("review", review)
+    builder.add_edge(START, "outline")
+    builder.add_edge("outline", "expand")
+    builder.add_edge("expand", "review")
+    builder.add_edge("review", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _files(workspace: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(workspace.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("per_thread_root", [False, True], ids=["saver-root", "config-root"])
+def test_rewind_restores_files_and_the_graph_resumes_from_there(checkpointd_server, workspace: Path,
+                                                               per_thread_root: bool) -> None:
+    runs: list[str] = []
+    config = {"configurable": {"thread_id": f"draft {uuid.uuid4()} / any string"}}
+    if per_thread_root:
+        config["configurable"]["workspace_root"] = str(workspace)
+    with CheckpointdSaver(checkpointd_server.tcp_target,
+                          workspace_root=None if per_thread_root else workspace) as saver:
+        graph = _graph(workspace, saver, runs)
+        assert graph.invoke({"steps": []}, config, durability="sync") == {"steps": ["outline", "expand", "review"]}
+        assert _files(workspace) == {"body.md": "the body\n", "review.md": "looks good\n"}
+
+        history = list(graph.get_state_history(config))
+        after_outline = next(s for s in history if s.next == ("expand",))
+        assert after_outline.values == {"steps": ["outline"]}
+
+        rewound = saver.rewind(after_outline.config)
+        assert _files(workspace) == {"outline.md": "1. intro\n"}
+        # The files the rewind replaced are in its safety checkpoint, not lost; LangGraph's
+        # history does not see that checkpoint.
+        assert rewound.safety_checkpoint.has_files and rewound.safety_checkpoint.file_count == 2
+        assert len(list(graph.get_state_history(config))) == len(history)
+
+        runs.clear()
+        assert graph.invoke(None, after_outline.config, durability="sync") == {"steps": ["outline", "expand", "review"]}
+        assert runs == ["expand", "review"]
+        assert _files(workspace) == {"body.md": "the body\n", "review.md": "looks good\n"}
+
+        # The async rewind goes back further: before the first node, no file at all.
+        before_outline = next(s for s in history if s.next == ("outline",))
+        asyncio.run(saver.arewind(before_outline.config))
+        assert _files(workspace) == {}
+        assert graph.get_state(before_outline.config).values == {"steps": []}
+
+        # Every LangGraph checkpoint of the thread is a checkpointd checkpoint with the files.
+        plan = CheckpointClient(saver._channel).list_checkpoints(thread_plan_id(config["configurable"]["thread_id"]),
+                                                                filter_expr='labels.langgraph_record = "checkpoint"')
+        assert plan and all(c.has_files for c in plan)
+
+
+def test_rewind_of_a_thread_without_workspace_is_refused(checkpointd_server) -> None:
+    config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+    with CheckpointdSaver(checkpointd_server.tcp_target) as saver:
+        graph = _graph(Path("/nonexistent"), saver, [])
+        graph.update_state(config, {"steps": ["manual"]}, as_node="review")
+        state = graph.get_state(config)
+        with pytest.raises(ValueError, match="has no files"):
+            saver.rewind(state.config)
+        with pytest.raises(LookupError):
+            saver.rewind({"configurable": {**state.config["configurable"], "checkpoint_id": "missing"}})
