@@ -237,6 +237,7 @@ METHODS = [
     "/checkpoint.v1.CheckpointService/DeleteCheckpoint",
     "/checkpoint.v1.CheckpointService/DiffCheckpoints",
     "/checkpoint.v1.CheckpointService/Rollback",
+    "/checkpoint.v1.CheckpointService/DeleteCheckpoints",
     "/checkpoint.v1.ConfigService/GetConfig",
     "/checkpoint.v1.ConfigService/ListConfig",
     "/checkpoint.v1.ConfigService/SetConfig",
