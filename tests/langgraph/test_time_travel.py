@@ -107,3 +107,15 @@ def test_rewind_of_a_thread_without_workspace_is_refused(checkpointd_server) -> 
             saver.rewind(state.config)
         with pytest.raises(LookupError):
             saver.rewind({"configurable": {**state.config["configurable"], "checkpoint_id": "missing"}})
+
+
+def test_a_run_with_a_workspace_and_async_durability_is_refused(checkpointd_server, workspace: Path) -> None:
+    """With "async" durability the capture of a step's checkpoint races the next step's writes:
+    refused, rather than recording files of the wrong step."""
+    with CheckpointdSaver(checkpointd_server.tcp_target, workspace_root=workspace) as saver:
+        graph = _graph(workspace, saver, [])
+        with pytest.raises(ValueError, match="durability='sync'"):
+            graph.invoke({"steps": []}, {"configurable": {"thread_id": str(uuid.uuid4())}})
+        config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+        assert graph.invoke({"steps": []}, config, durability="exit") == {"steps": ["outline", "expand", "review"]}
+        assert len(list(graph.get_state_history(config))) == 1

@@ -48,6 +48,9 @@ from checkpointd_client.langgraph.records import (
 from checkpointd_client.targets import default_target
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+#: Keys LangGraph puts in the config of a running graph (langgraph._internal._constants).
+RUNTIME_KEY = "__pregel_runtime"
+DURABILITY_KEY = "__pregel_durability"
 
 
 class CheckpointdSaver(BaseCheckpointSaver[str]):
@@ -96,6 +99,12 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         checkpoint_id = checkpoint["id"]
         if len(checkpoint_id) > records.MAX_LABEL_VALUE:
             raise ValueError(f"checkpoint ids longer than {records.MAX_LABEL_VALUE} characters are not supported")
+        workspace_root = configurable.get("workspace_root") or self.workspace_root
+        if workspace_root and _saved_while_the_next_step_runs(configurable):
+            raise ValueError(
+                "a LangGraph thread with a workspace_root must run with durability='sync' (or 'exit'): with the "
+                "default 'async' a checkpoint is saved while the next step runs, and its files could include what "
+                "that step writes. Pass durability='sync' to invoke/stream.")
         stored_metadata = get_checkpoint_metadata(config, metadata)
         envelope = CheckpointEnvelope(
             thread_id, ns, checkpoint_id, configurable.get("checkpoint_id"),
@@ -106,7 +115,7 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
             labels=records.checkpoint_labels(checkpoint_id, ns, stored_metadata),
             description=f"LangGraph checkpoint {checkpoint_id} (namespace {ns!r}, step {stored_metadata.get('step')})",
             state=envelope.dumps(),
-            workspace_root=configurable.get("workspace_root") or self.workspace_root,
+            workspace_root=workspace_root,
         )
         return _config(thread_id, ns, checkpoint_id)
 
@@ -361,6 +370,13 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+def _saved_while_the_next_step_runs(configurable: dict[str, Any]) -> bool:
+    """True for a put from a running graph with LangGraph's "async" durability (its default): the
+    graph runs the next step while the checkpoint is saved. A put outside a run (update_state) has
+    no runtime in its config."""
+    return RUNTIME_KEY in configurable and configurable.get(DURABILITY_KEY, "async") == "async"
 
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
