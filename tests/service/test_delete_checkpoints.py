@@ -40,7 +40,8 @@ def test_a_label_filter_deletes_its_matches_in_every_plan_and_nothing_else(check
     checkpoint_stub.Rollback(pb.RollbackRequest(plan_id=first_plan, checkpoint_id=kept_first.checkpoint_id))
     assert (workspace / "shared.txt").read_text() == "in every checkpoint"
     # Nothing left to match: a repeat deletes nothing.
-    assert not checkpoint_stub.DeleteCheckpoints(pb.DeleteCheckpointsRequest(filter=f'labels.run = "{run}"')).checkpoints
+    again = checkpoint_stub.DeleteCheckpoints(pb.DeleteCheckpointsRequest(filter=f'labels.run = "{run}"'))
+    assert not again.checkpoints
 
 
 def test_a_plan_without_a_filter_is_emptied_and_other_plans_are_not(checkpoint_stub):
