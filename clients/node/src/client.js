@@ -228,6 +228,18 @@ class CheckpointdClient {
   }
 
   /**
+   * Deletes every checkpoint an AIP-160 filter selects, in one plan or (no planId) in every plan;
+   * resolves to those deleted, without state.
+   * @param {{planId?: string, filter?: string, deadlineMs?: number}} [options]
+   * @returns {Promise<Checkpoint[]>}
+   */
+  async deleteCheckpoints(options = {}) {
+    const { planId = '', filter = '' } = options;
+    const response = await this.unary(this.checkpoints, 'DeleteCheckpoints', { planId, filter }, options);
+    return response.checkpoints;
+  }
+
+  /**
    * The paths that differ from a base checkpoint to a target checkpoint (or the live workspace).
    * @param {string} baseCheckpointId
    * @param {object} [options]

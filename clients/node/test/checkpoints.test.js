@@ -196,5 +196,17 @@ for (const transport of ['tcp', 'unix']) {
       const left = await client.listCheckpoints(planId);
       assert.deepEqual(left.checkpoints.map((c) => c.checkpointId), [second.checkpointId]);
     });
+
+    test('deleteCheckpoints deletes what a label filter selects across plans, and nothing else', async () => {
+      const run = newUlid();
+      const [one, two] = [newUlid(), newUlid()];
+      const doomed = [await client.createCheckpoint(one, { labels: { run } }),
+        await client.createCheckpoint(two, { labels: { run } })];
+      const kept = await client.createCheckpoint(one);
+      const deleted = await client.deleteCheckpoints({ filter: `labels.run = "${run}"` });
+      assert.deepEqual(deleted.map((c) => c.checkpointId).sort(), doomed.map((c) => c.checkpointId).sort());
+      assert.deepEqual((await client.listCheckpoints(one)).checkpoints.map((c) => c.checkpointId), [kept.checkpointId]);
+      assert.deepEqual((await client.listCheckpoints(two)).checkpoints, []);
+    });
   });
 }
