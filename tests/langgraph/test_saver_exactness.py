@@ -78,3 +78,26 @@ def test_prune_keeps_each_namespaces_latest_and_its_writes_only(saver) -> None:
     assert saver.get_tuple(new).pending_writes == [("t", "a", "new")]
     plan = thread_plan_id(thread_id)
     assert len(saver.client.list_checkpoints(writes_plan_id(plan))) == 1
+
+
+def test_metadata_filters_run_on_the_server_and_are_checked_exactly(saver) -> None:
+    thread_id = str(uuid.uuid4())
+    config = {"configurable": {"thread_id": thread_id}}
+    as_int = _put(saver, thread_id, flag=1, name="a")
+    as_text = _put(saver, thread_id, flag="1", name="b")
+    as_bool = _put(saver, thread_id, flag=True, name="c")
+    as_float = _put(saver, thread_id, flag=1.0, ratio=0.5, name="d", Upper="x", tags={"a": [1]})
+    crowded = _put(saver, thread_id, flag=1, **{f"k{i}": i for i in range(70)})  # more than fit in labels
+
+    def matches(**wanted) -> list:
+        return [t.config for t in saver.list(config, filter=wanted)]
+
+    assert matches(flag=1) == [crowded, as_float, as_int]
+    assert matches(flag="1") == [as_text]
+    assert matches(flag=True) == [as_bool]
+    assert matches(ratio=0.5, Upper="x") == [as_float]
+    assert matches(k69=69) == [crowded]
+    assert matches(flag=1, name="a") == [as_int]
+    assert matches(tags={"a": [1]}) == [as_float]
+    assert matches(step=0) == [crowded, as_float, as_bool, as_text, as_int]
+    assert saver.client.list_checkpoints(thread_plan_id(thread_id), filter_expr='labels.langgraph_md.flag = "i:1"')

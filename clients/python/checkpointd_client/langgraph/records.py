@@ -10,7 +10,9 @@ language must follow the same layout to share threads with this one).
 - A LangGraph checkpoint is a checkpointd checkpoint. Its state is an envelope (msgpack): the
   thread id, namespace, checkpoint id, parent id, and the checkpoint and metadata as the saver's
   serializer wrote them (type, bytes). Labels make it findable on the server: the record kind, the
-  checkpoint id, the namespace (or its digest, when longer than a label value may be) and the run id.
+  checkpoint id, the namespace (or its digest, when longer than a label value may be) and the
+  metadata's scalar entries, typed (``metadata_label``), so a list's filter and delete_for_runs
+  (``run_id``) run on the server; the saver checks every match against the exact metadata.
 - One put_writes call is one state-only checkpoint of the writes plan, labelled with the checkpoint
   id, namespace and task id; its state holds the writes (index, channel, type, bytes) and task path.
 """
@@ -18,6 +20,7 @@ language must follow the same layout to share threads with this one).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +33,17 @@ ENVELOPE_FORMAT = "checkpointd.langgraph/1"
 KIND_LABEL = "langgraph_record"
 CHECKPOINT_LABEL = "langgraph_checkpoint_id"
 NAMESPACE_LABEL = "langgraph_ns"
-RUN_LABEL = "langgraph_run_id"
+#: Metadata entries, one label each (``metadata_label``): a list's filter runs on the server.
+METADATA_LABEL_PREFIX = "langgraph_md."
+#: Set on a record whose metadata had more label-able entries than fit.
+PARTIAL_LABEL = "langgraph_md_partial"
 TASK_LABEL = "langgraph_task_id"
 CHECKPOINT_KIND = "checkpoint"
 WRITES_KIND = "writes"
 #: checkpointd's limit on a label value.
 MAX_LABEL_VALUE = 256
+MAX_LABELS = 64
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_./-]{0,62}")
 SOURCE_TOOL = "langgraph"
 
 
@@ -71,12 +79,35 @@ def label_filter(**labels: str) -> str:
     return " AND ".join(f"labels.{key} = {quoted(value)}" for key, value in labels.items())
 
 
+def metadata_label(key: str, value: Any) -> tuple[str, str] | None:
+    """A metadata entry as a label the server can filter on, typed so that 1, True and "1" differ
+    ("i:1", "b:true", "s:1"); None for an entry that cannot be one (another type, a key that is not
+    a label key, a value too long). The saver checks every match against the exact metadata."""
+    label_key = METADATA_LABEL_PREFIX + key
+    if not _LABEL_KEY.fullmatch(label_key):
+        return None
+    if isinstance(value, bool):
+        text = "b:true" if value else "b:false"
+    elif isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        text = f"i:{int(value)}"  # 1.0 == 1, as a filter compares them
+    elif isinstance(value, str):
+        text = "s:" + value
+    else:
+        return None
+    return (label_key, text) if len(text) <= MAX_LABEL_VALUE else None
+
+
 def checkpoint_labels(checkpoint_id: str, ns: str, metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The labels of a checkpoint's record: its kind, id and namespace, and every metadata entry
+    that can be a label. When those are more than a checkpoint may carry, none is set and the record
+    is marked partial (a filter then reads it whatever its metadata)."""
     labels = {KIND_LABEL: CHECKPOINT_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id),
               NAMESPACE_LABEL: label_value(ns)}
-    run_id = metadata.get("run_id")
-    if isinstance(run_id, str) and len(run_id) <= MAX_LABEL_VALUE:
-        labels[RUN_LABEL] = run_id
+    entries = [entry for key, value in metadata.items() if (entry := metadata_label(key, value))]
+    if len(labels) + len(entries) < MAX_LABELS:
+        labels.update(entries)
+    else:
+        labels[PARTIAL_LABEL] = "true"
     return labels
 
 

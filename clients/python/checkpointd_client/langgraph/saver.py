@@ -48,6 +48,8 @@ from checkpointd_client.langgraph.records import (
 from checkpointd_client.targets import default_target
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+#: checkpointd's limit on the terms of a filter.
+MAX_FILTER_TERMS = 16
 #: Keys LangGraph puts in the config of a running graph (langgraph._internal._constants).
 RUNTIME_KEY = "__pregel_runtime"
 DURABILITY_KEY = "__pregel_durability"
@@ -168,7 +170,12 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns")
         plan_id = thread_plan_id(thread_id)
-        candidates = _latest_first(self._records(plan_id, ns=ns, checkpoint_id=get_checkpoint_id(config)))
+        found = self._records(plan_id, ns=ns, checkpoint_id=get_checkpoint_id(config), metadata=filter)
+        if filter:
+            # Records whose metadata did not fit in labels are judged on their state.
+            found += self._records(plan_id, ns=ns, checkpoint_id=get_checkpoint_id(config),
+                                   extra={records.PARTIAL_LABEL: "true"})
+        candidates = _latest_first(list({record.checkpoint_id: record for record in found}.values()))
         before_id = get_checkpoint_id(before) if before else None
         if before_id:
             candidates = [r for r in candidates if r.labels[CHECKPOINT_LABEL] < before_id]
@@ -181,20 +188,26 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
             if found is None:
                 continue
             metadata = self.serde.loads_typed(found.metadata)
-            if filter and not all(key in metadata and metadata[key] == value for key, value in filter.items()):
+            if filter and not all(key in metadata and _same(metadata[key], value) for key, value in filter.items()):
                 continue
             if all_writes is None:
                 all_writes = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000)
             yield self._tuple(thread_id, found, self._writes_of(all_writes, found.ns, found.checkpoint_id), metadata)
             yielded += 1
 
-    def _records(self, plan_id: str, *, ns: str | None = None, checkpoint_id: str | None = None) -> list[pb.Checkpoint]:
-        """The thread's LangGraph checkpoints (without state) that the labels select, newest first."""
-        labels = {KIND_LABEL: CHECKPOINT_KIND}
+    def _records(self, plan_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
+                 metadata: dict[str, Any] | None = None, extra: dict[str, str] | None = None) -> list[pb.Checkpoint]:
+        """The thread's LangGraph checkpoints (without state) that the labels select, newest first:
+        a superset of those with these namespace, id and metadata entries (the caller checks)."""
+        labels = {KIND_LABEL: CHECKPOINT_KIND, **(extra or {})}
         if ns is not None:
             labels[NAMESPACE_LABEL] = label_value(ns)
         if checkpoint_id:
             labels[CHECKPOINT_LABEL] = label_value(checkpoint_id)
+        for key, value in (metadata or {}).items():
+            entry = records.metadata_label(key, value)
+            if entry is not None and len(labels) < MAX_FILTER_TERMS:
+                labels[entry[0]] = entry[1]
         return self.client.list_checkpoints(plan_id, filter_expr=label_filter(**labels), page_size=1000)
 
     def _load(self, record: pb.Checkpoint, ns: str | None) -> CheckpointEnvelope | None:
@@ -250,8 +263,11 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
+            run_label = records.metadata_label("run_id", run_id)
+            if run_label is None:
+                raise ValueError(f"run ids longer than {records.MAX_LABEL_VALUE - 2} characters are not supported")
             deleted = self.client.delete_checkpoints(
-                filter_expr=label_filter(**{KIND_LABEL: CHECKPOINT_KIND, records.RUN_LABEL: run_id}))
+                filter_expr=label_filter(**{KIND_LABEL: CHECKPOINT_KIND, run_label[0]: run_label[1]}))
             for checkpoint in deleted:
                 self._delete_writes(checkpoint.plan_id, checkpoint)
 
@@ -377,6 +393,13 @@ def _saved_while_the_next_step_runs(configurable: dict[str, Any]) -> bool:
     graph runs the next step while the checkpoint is saved. A put outside a run (update_state) has
     no runtime in its config."""
     return RUNTIME_KEY in configurable and configurable.get(DURABILITY_KEY, "async") == "async"
+
+
+def _same(stored: Any, wanted: Any) -> bool:
+    """Filter equality, as the server's labels judge it: True is not 1 (Python says it is), 1.0 is."""
+    if isinstance(stored, bool) or isinstance(wanted, bool):
+        return isinstance(stored, bool) and isinstance(wanted, bool) and stored == wanted
+    return stored == wanted
 
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
