@@ -77,7 +77,8 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=serde)
         self.target = target or default_target()
-        self.workspace_root = os.fspath(workspace_root) if workspace_root is not None else None
+        # Absolute, as the server wants it; a relative path means one under this process's directory.
+        self.workspace_root = os.path.abspath(workspace_root) if workspace_root is not None else None
         self._channel = open_channel(self.target, credentials=credentials, server_name=server_name)
         self.client = CheckpointClient(self._channel, deadline_s=deadline_s, token=token)
 
@@ -101,7 +102,8 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         checkpoint_id = checkpoint["id"]
         if len(checkpoint_id) > records.MAX_LABEL_VALUE:
             raise ValueError(f"checkpoint ids longer than {records.MAX_LABEL_VALUE} characters are not supported")
-        workspace_root = configurable.get("workspace_root") or self.workspace_root
+        thread_root = configurable.get("workspace_root")
+        workspace_root = os.path.abspath(thread_root) if thread_root else self.workspace_root
         if workspace_root and _saved_while_the_next_step_runs(configurable):
             raise ValueError(
                 "a LangGraph thread with a workspace_root must run with durability='sync' (or 'exit'): with the "
