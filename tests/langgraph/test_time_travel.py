@@ -119,3 +119,29 @@ def test_a_run_with_a_workspace_and_async_durability_is_refused(checkpointd_serv
         config = {"configurable": {"thread_id": str(uuid.uuid4())}}
         assert graph.invoke({"steps": []}, config, durability="exit") == {"steps": ["outline", "expand", "review"]}
         assert len(list(graph.get_state_history(config))) == 1
+
+
+@pytest.mark.parametrize("rewind_forks", [True, False])
+def test_a_fork_with_update_state_rewinds_the_files_on_request(checkpointd_server, workspace: Path,
+                                                               rewind_forks: bool) -> None:
+    runs: list[str] = []
+    config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+    with CheckpointdSaver(checkpointd_server.tcp_target, workspace_root=workspace, rewind_forks=rewind_forks) as saver:
+        graph = _graph(workspace, saver, runs)
+        graph.invoke({"steps": []}, config, durability="sync")
+        after_outline = next(s for s in graph.get_state_history(config) if s.next == ("expand",))
+        final_files = _files(workspace)
+
+        forked = graph.update_state(after_outline.config, {"steps": ["edited"]}, as_node="outline")
+        if not rewind_forks:
+            assert _files(workspace) == final_files
+            return
+        assert _files(workspace) == {"outline.md": "1. intro\n"}
+        # The fork's own checkpoint holds those files: rewinding to it later brings them back.
+        (workspace / "outline.md").write_text("changed after the fork\n")
+        saver.rewind(forked)
+        assert _files(workspace) == {"outline.md": "1. intro\n"}
+        runs.clear()
+        assert graph.invoke(None, forked, durability="sync") == {
+            "steps": ["outline", "edited", "expand", "review"]}
+        assert runs == ["expand", "review"]

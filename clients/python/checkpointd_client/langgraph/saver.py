@@ -61,7 +61,9 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
     With ``workspace_root`` (or ``config["configurable"]["workspace_root"]`` per thread: an
     absolute path on the server's host, under one of its ``--workspace-root`` directories), every
     checkpoint LangGraph puts also captures that directory's files, and ``rewind(config)`` brings
-    them back as they were at the checkpoint ``config`` names.
+    them back as they were at the checkpoint ``config`` names. With ``rewind_forks``, a checkpoint
+    put outside a run on an older parent (``graph.update_state`` on an earlier checkpoint: a fork)
+    first rewinds the files to that parent, so the fork starts from the files of its step.
     """
 
     def __init__(
@@ -74,8 +76,10 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         deadline_s: float = DEFAULT_DEADLINE_S,
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str | None = None,
+        rewind_forks: bool = False,
     ) -> None:
         super().__init__(serde=serde)
+        self.rewind_forks = rewind_forks
         self.target = target or default_target()
         # Absolute, as the server wants it; a relative path means one under this process's directory.
         self.workspace_root = os.path.abspath(workspace_root) if workspace_root is not None else None
@@ -109,6 +113,9 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
                 "a LangGraph thread with a workspace_root must run with durability='sync' (or 'exit'): with the "
                 "default 'async' a checkpoint is saved while the next step runs, and its files could include what "
                 "that step writes. Pass durability='sync' to invoke/stream.")
+        parent_id = configurable.get("checkpoint_id")
+        if self.rewind_forks and workspace_root and parent_id and RUNTIME_KEY not in configurable:
+            self._rewind_if_fork(thread_id, ns, parent_id)
         stored_metadata = get_checkpoint_metadata(config, metadata)
         envelope = CheckpointEnvelope(
             thread_id, ns, checkpoint_id, configurable.get("checkpoint_id"),
@@ -335,6 +342,11 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
                                  "give the saver (or the thread's config) a workspace_root")
             return self.client.rollback(plan_id, record.checkpoint_id, scope=pb.ROLLBACK_SCOPE_FILES)
         raise LookupError(f"thread {thread_id!r} has no checkpoint {checkpoint_id} in namespace {ns!r}")
+
+    def _rewind_if_fork(self, thread_id: str, ns: str, parent_id: str) -> None:
+        latest = next(iter(_latest_first(self._records(thread_plan_id(thread_id), ns=ns))), None)
+        if latest is not None and latest.labels[CHECKPOINT_LABEL] != label_value(parent_id):
+            self.rewind(_config(thread_id, ns, parent_id))
 
     async def arewind(self, config: RunnableConfig) -> pb.RollbackResponse:
         return await asyncio.to_thread(self.rewind, config)
