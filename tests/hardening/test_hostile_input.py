@@ -238,6 +238,8 @@ METHODS = [
     "/checkpoint.v1.CheckpointService/DiffCheckpoints",
     "/checkpoint.v1.CheckpointService/Rollback",
     "/checkpoint.v1.CheckpointService/DeleteCheckpoints",
+    "/checkpoint.v1.CheckpointService/PutPendingWrites",
+    "/checkpoint.v1.CheckpointService/ListPendingWrites",
     "/checkpoint.v1.ConfigService/GetConfig",
     "/checkpoint.v1.ConfigService/ListConfig",
     "/checkpoint.v1.ConfigService/SetConfig",

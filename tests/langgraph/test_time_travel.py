@@ -145,3 +145,15 @@ def test_a_fork_with_update_state_rewinds_the_files_on_request(checkpointd_serve
         assert graph.invoke(None, forked, durability="sync") == {
             "steps": ["outline", "edited", "expand", "review"]}
         assert runs == ["expand", "review"]
+
+
+def test_a_thread_without_workspace_runs_with_langgraphs_default_durability(checkpointd_server, tmp_path) -> None:
+    """Under "async" durability a task's writes may be put while the checkpoint they follow is still
+    being put: they wait for it, and the run's history is whole."""
+    config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+    with CheckpointdSaver(checkpointd_server.tcp_target) as saver:
+        graph = _graph(tmp_path, saver, [])
+        for _ in range(3):
+            graph.invoke({"steps": []}, config)
+        assert graph.get_state(config).values["steps"] == ["outline", "expand", "review"] * 3
+        assert len(list(graph.get_state_history(config))) == 15

@@ -13,6 +13,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
 from checkpointd.core.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
+from checkpointd.core.pending_writes import PendingWrite
 
 T = TypeVar("T")
 
@@ -64,6 +65,17 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         deleted = self.checkpoints.delete_matching(request.plan_id, request.filter)
         return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
 
+    def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.ServicerContext):
+        self.checkpoints.put_pending_writes(request.checkpoint_id, [
+            PendingWrite(w.task_id, w.index, w.channel, w.value_type, w.value, w.task_path) for w in request.writes])
+        return pb.PutPendingWritesResponse()
+
+    def ListPendingWrites(self, request: pb.ListPendingWritesRequest, context: grpc.ServicerContext):
+        return pb.ListPendingWritesResponse(writes=[
+            pb.PendingWrite(task_id=w.task_id, index=w.index, channel=w.channel, value_type=w.value_type,
+                            value=w.value, task_path=w.task_path)
+            for w in self.checkpoints.pending_writes(request.checkpoint_id)])
+
 
 class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
@@ -97,6 +109,9 @@ class AsyncCheckpointServicer(CheckpointServicer):
     async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
         # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
         return await self._in_thread(super().DeleteCheckpoints, request, context)
+
+    async def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.aio.ServicerContext):
+        return await self._in_thread(super().PutPendingWrites, request, context)
 
 
 def _create_request(request: pb.CreateCheckpointRequest) -> CreateRequest:

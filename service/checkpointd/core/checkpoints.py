@@ -698,6 +698,17 @@ class Checkpoints:
             session.delete(row)
             session.commit()
 
+    def put_pending_writes(self, checkpoint_id: str, writes: list) -> None:
+        """Records writes that follow a checkpoint (see ``pending_writes``)."""
+        from checkpointd.core import pending_writes
+
+        pending_writes.put(self.db, checkpoint_id, writes)
+
+    def pending_writes(self, checkpoint_id: str) -> list:
+        from checkpointd.core import pending_writes
+
+        return pending_writes.list_for(self.db, checkpoint_id)
+
     def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
         """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
         from checkpointd.core.bulk_delete import delete_matching

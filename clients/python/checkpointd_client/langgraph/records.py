@@ -4,17 +4,16 @@ language must follow the same layout to share threads with this one).
 - A thread is a plan. LangGraph thread ids are arbitrary strings while plan ids are ULIDs, so the
   plan id is derived: the first 128 bits of SHA-256("langgraph-thread\\0" + thread_id) in ULID form.
   Deterministic, so every process (and a saver in any language) finds the thread's plan with no
-  lookup table to keep consistent, and the contract's plan ids stay ULIDs. The thread's pending
-  writes live in a second plan, derived the same way from the thread's plan id, which never has a
-  workspace: recording a write must not capture files, nor appear among the thread's restore points.
+  lookup table to keep consistent, and the contract's plan ids stay ULIDs.
 - A LangGraph checkpoint is a checkpointd checkpoint. Its state is an envelope (msgpack): the
   thread id, namespace, checkpoint id, parent id, and the checkpoint and metadata as the saver's
   serializer wrote them (type, bytes). Labels make it findable on the server: the record kind, the
   checkpoint id, the namespace (or its digest, when longer than a label value may be) and the
   metadata's scalar entries, typed (``metadata_label``), so a list's filter and delete_for_runs
   (``run_id``) run on the server; the saver checks every match against the exact metadata.
-- One put_writes call is one state-only checkpoint of the writes plan, labelled with the checkpoint
-  id, namespace and task id; its state holds the writes (index, channel, type, bytes) and task path.
+- Pending writes are the checkpoint's (PutPendingWrites / ListPendingWrites): the write's task id,
+  index (LangGraph's, negative for its special channels), channel, the serializer's type and bytes,
+  and task path. They are deleted with the checkpoint.
 """
 
 from __future__ import annotations
@@ -37,9 +36,7 @@ NAMESPACE_LABEL = "langgraph_ns"
 METADATA_LABEL_PREFIX = "langgraph_md."
 #: Set on a record whose metadata had more label-able entries than fit.
 PARTIAL_LABEL = "langgraph_md_partial"
-TASK_LABEL = "langgraph_task_id"
 CHECKPOINT_KIND = "checkpoint"
-WRITES_KIND = "writes"
 #: checkpointd's limit on a label value.
 MAX_LABEL_VALUE = 256
 MAX_LABELS = 64
@@ -55,11 +52,6 @@ def _ulid_shaped(seed: str) -> str:
 def thread_plan_id(thread_id: str) -> str:
     """The plan that holds a LangGraph thread's checkpoints (and, with a workspace, its files)."""
     return _ulid_shaped("langgraph-thread\0" + str(thread_id))
-
-
-def writes_plan_id(plan_id: str) -> str:
-    """The plan that holds the pending writes of the thread whose plan is ``plan_id``."""
-    return _ulid_shaped("langgraph-writes\0" + plan_id)
 
 
 def label_value(text: str) -> str:
@@ -137,36 +129,3 @@ class CheckpointEnvelope:
             return None
         return cls(raw["thread_id"], raw["ns"], raw["id"], raw["parent"], tuple(raw["checkpoint"]),
                    tuple(raw["metadata"]))
-
-
-@dataclass(frozen=True)
-class StoredWrite:
-    idx: int
-    channel: str
-    value: tuple[str, bytes]
-
-
-@dataclass(frozen=True)
-class WritesEnvelope:
-    ns: str
-    checkpoint_id: str
-    task_id: str
-    task_path: str
-    writes: tuple[StoredWrite, ...]
-
-    def dumps(self) -> bytes:
-        return ormsgpack.packb({
-            "format": ENVELOPE_FORMAT, "ns": self.ns, "id": self.checkpoint_id, "task_id": self.task_id,
-            "task_path": self.task_path, "writes": [[w.idx, w.channel, *w.value] for w in self.writes],
-        })
-
-    @classmethod
-    def loads(cls, data: bytes) -> WritesEnvelope | None:
-        try:
-            raw = ormsgpack.unpackb(data)
-        except ormsgpack.MsgpackDecodeError:
-            return None
-        if not isinstance(raw, dict) or raw.get("format") != ENVELOPE_FORMAT:
-            return None
-        writes = tuple(StoredWrite(idx, channel, (kind, blob)) for idx, channel, kind, blob in raw["writes"])
-        return cls(raw["ns"], raw["id"], raw["task_id"], raw["task_path"], writes)

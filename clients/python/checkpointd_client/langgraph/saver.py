@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +26,6 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
@@ -36,18 +37,16 @@ from checkpointd_client.langgraph.records import (
     CHECKPOINT_LABEL,
     KIND_LABEL,
     NAMESPACE_LABEL,
-    WRITES_KIND,
     CheckpointEnvelope,
-    StoredWrite,
-    WritesEnvelope,
     label_filter,
     label_value,
     thread_plan_id,
-    writes_plan_id,
 )
 from checkpointd_client.targets import default_target
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+#: LangGraph checkpoints whose checkpointd id the saver remembers (the newest put).
+REMEMBERED_CHECKPOINTS = 4096
 #: checkpointd's limit on the terms of a filter.
 MAX_FILTER_TERMS = 16
 #: Keys LangGraph puts in the config of a running graph (langgraph._internal._constants).
@@ -85,6 +84,9 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         self.workspace_root = os.path.abspath(workspace_root) if workspace_root is not None else None
         self._channel = open_channel(self.target, credentials=credentials, server_name=server_name)
         self.client = CheckpointClient(self._channel, deadline_s=deadline_s, token=token)
+        self.deadline_s = deadline_s
+        self._recorded: dict[tuple[str, str, str], str] = {}
+        self._recorded_changed = threading.Condition()
 
     def close(self) -> None:
         self._channel.close()
@@ -120,14 +122,16 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         envelope = CheckpointEnvelope(
             thread_id, ns, checkpoint_id, configurable.get("checkpoint_id"),
             self.serde.dumps_typed(checkpoint), self.serde.dumps_typed(stored_metadata))
-        self.client.create_checkpoint(
-            thread_plan_id(thread_id),
+        plan_id = thread_plan_id(thread_id)
+        created = self.client.create_checkpoint(
+            plan_id,
             source_tool=records.SOURCE_TOOL,
             labels=records.checkpoint_labels(checkpoint_id, ns, stored_metadata),
             description=f"LangGraph checkpoint {checkpoint_id} (namespace {ns!r}, step {stored_metadata.get('step')})",
             state=envelope.dumps(),
             workspace_root=workspace_root,
         )
+        self._remember(plan_id, ns, checkpoint_id, created.checkpoint_id)
         return _config(thread_id, ns, checkpoint_id)
 
     def put_writes(
@@ -135,17 +139,41 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
     ) -> None:
         configurable = config["configurable"]
         thread_id, ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
-        checkpoint_id = configurable["checkpoint_id"]
-        stored = tuple(StoredWrite(WRITES_IDX_MAP.get(channel, index), channel, self.serde.dumps_typed(value))
-                       for index, (channel, value) in enumerate(writes))
-        envelope = WritesEnvelope(ns, checkpoint_id, task_id, task_path, stored)
-        self.client.create_checkpoint(
-            writes_plan_id(thread_plan_id(thread_id)),
-            source_tool=records.SOURCE_TOOL,
-            labels={KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id),
-                    NAMESPACE_LABEL: label_value(ns), records.TASK_LABEL: label_value(task_id)},
-            state=envelope.dumps(),
-        )
+        recorded = self._recorded_id(thread_plan_id(thread_id), ns, configurable["checkpoint_id"])
+        stored = []
+        for index, (channel, value) in enumerate(writes):
+            value_type, encoded = self.serde.dumps_typed(value)
+            stored.append(pb.PendingWrite(task_id=task_id, index=WRITES_IDX_MAP.get(channel, index), channel=channel,
+                                          value_type=value_type, value=encoded, task_path=task_path))
+        self.client.put_pending_writes(recorded, stored)
+
+    def _recorded_id(self, plan_id: str, ns: str, checkpoint_id: str) -> str:
+        """The checkpointd checkpoint of a LangGraph checkpoint. Under LangGraph's "async" durability
+        a task's writes can come while the checkpoint they follow is still being put by another
+        thread of this process: they wait for it (as long as one call's deadline)."""
+        key = (plan_id, ns, checkpoint_id)
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            with self._recorded_changed:
+                if key in self._recorded:
+                    return self._recorded[key]
+            found = self._records(plan_id, ns=ns, checkpoint_id=checkpoint_id)
+            if found:
+                return found[0].checkpoint_id
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LookupError(f"no checkpoint {checkpoint_id} in namespace {ns!r} of the thread of plan "
+                                  f"{plan_id}: put it before its writes")
+            with self._recorded_changed:
+                if key not in self._recorded:
+                    self._recorded_changed.wait(min(left, 0.5))
+
+    def _remember(self, plan_id: str, ns: str, checkpoint_id: str, recorded: str) -> None:
+        with self._recorded_changed:
+            self._recorded[(plan_id, ns, checkpoint_id)] = recorded
+            while len(self._recorded) > REMEMBERED_CHECKPOINTS:
+                del self._recorded[next(iter(self._recorded))]
+            self._recorded_changed.notify_all()
 
     # -- read ------------------------------------------------------------------------------
 
@@ -161,7 +189,7 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         for record in candidates:
             found = self._load(record, ns)
             if found is not None:
-                return self._tuple(thread_id, found, self._writes(plan_id, found.ns, found.checkpoint_id))
+                return self._tuple(thread_id, found, self._writes(record.checkpoint_id))
         return None
 
     def list(
@@ -188,7 +216,6 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
         before_id = get_checkpoint_id(before) if before else None
         if before_id:
             candidates = [r for r in candidates if r.labels[CHECKPOINT_LABEL] < before_id]
-        all_writes: list[pb.Checkpoint] | None = None
         yielded = 0
         for record in candidates:
             if limit is not None and yielded >= limit:
@@ -199,9 +226,7 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
             metadata = self.serde.loads_typed(found.metadata)
             if filter and not all(key in metadata and _same(metadata[key], value) for key, value in filter.items()):
                 continue
-            if all_writes is None:
-                all_writes = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000)
-            yield self._tuple(thread_id, found, self._writes_of(all_writes, found.ns, found.checkpoint_id), metadata)
+            yield self._tuple(thread_id, found, self._writes(record.checkpoint_id), metadata)
             yielded += 1
 
     def _records(self, plan_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
@@ -226,32 +251,11 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
             return None
         return envelope
 
-    def _writes(self, plan_id: str, ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
-        labels = {KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: label_value(checkpoint_id),
-                  NAMESPACE_LABEL: label_value(ns)}
-        found = self.client.list_checkpoints(writes_plan_id(plan_id), page_size=1000,
-                                             filter_expr=label_filter(**labels))
-        return self._writes_of(found, ns, checkpoint_id)
-
-    def _writes_of(self, found: list[pb.Checkpoint], ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
-        """The pending writes of one checkpoint, merged as every saver does: a task's regular write
-        at an index is kept from its first put_writes, a special one (error, interrupt ...) from its
-        last; ordered as LangGraph applies them (``writes_sort_key``)."""
-        merged: dict[tuple[str, int], tuple[str, str, str, StoredWrite]] = {}
-        wanted = (label_value(ns), label_value(checkpoint_id))
-        for record in sorted(found, key=lambda r: r.sequence):
-            if (record.labels.get(NAMESPACE_LABEL), record.labels.get(CHECKPOINT_LABEL)) != wanted:
-                continue
-            envelope = WritesEnvelope.loads(self.client.get_checkpoint(record.checkpoint_id, full=True).state)
-            if envelope is None or envelope.ns != ns or envelope.checkpoint_id != checkpoint_id:
-                continue
-            for write in envelope.writes:
-                key = (envelope.task_id, write.idx)
-                if write.idx >= 0 and key in merged:
-                    continue
-                merged[key] = (envelope.task_path, envelope.task_id, write.channel, write)
-        ordered = sorted(merged.values(), key=lambda w: writes_sort_key(w[0], w[1], w[3].idx))
-        return [(task_id, channel, self.serde.loads_typed(write.value)) for _, task_id, channel, write in ordered]
+    def _writes(self, recorded: str) -> list[tuple[str, str, Any]]:
+        """The pending writes of a checkpointd checkpoint, in LangGraph's order (``writes_sort_key``:
+        the server's)."""
+        return [(w.task_id, w.channel, self.serde.loads_typed((w.value_type, w.value)))
+                for w in self.client.list_pending_writes(recorded)]
 
     def _tuple(self, thread_id: str, envelope: CheckpointEnvelope, writes: list[tuple[str, str, Any]],
                metadata: CheckpointMetadata | None = None) -> CheckpointTuple:
@@ -266,24 +270,17 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
     # -- delete, copy, prune ----------------------------------------------------------------
 
     def delete_thread(self, thread_id: str) -> None:
-        plan_id = thread_plan_id(str(thread_id))
-        self.client.delete_checkpoints(plan_id=plan_id)
-        self.client.delete_checkpoints(plan_id=writes_plan_id(plan_id))
+        # Pending writes go with their checkpoints.
+        self.client.delete_checkpoints(plan_id=thread_plan_id(str(thread_id)))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
             run_label = records.metadata_label("run_id", run_id)
             if run_label is None:
                 raise ValueError(f"run ids longer than {records.MAX_LABEL_VALUE - 2} characters are not supported")
-            deleted = self.client.delete_checkpoints(
+            # Pending writes go with their checkpoints.
+            self.client.delete_checkpoints(
                 filter_expr=label_filter(**{KIND_LABEL: CHECKPOINT_KIND, run_label[0]: run_label[1]}))
-            for checkpoint in deleted:
-                self._delete_writes(checkpoint.plan_id, checkpoint)
-
-    def _delete_writes(self, plan_id: str, record: pb.Checkpoint) -> None:
-        self.client.delete_checkpoints(plan_id=writes_plan_id(plan_id), filter_expr=label_filter(**{
-            KIND_LABEL: WRITES_KIND, CHECKPOINT_LABEL: record.labels[CHECKPOINT_LABEL],
-            NAMESPACE_LABEL: record.labels[NAMESPACE_LABEL]}))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copies every checkpoint and pending write of a thread, oldest first, as state: the files
@@ -295,13 +292,11 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
                 continue
             copied = CheckpointEnvelope(str(target_thread_id), envelope.ns, envelope.checkpoint_id,
                                         envelope.parent_id, envelope.checkpoint, envelope.metadata)
-            self.client.create_checkpoint(target, source_tool=records.SOURCE_TOOL, labels=dict(record.labels),
-                                          description=record.description, state=copied.dumps())
-        for record in sorted(self.client.list_checkpoints(writes_plan_id(source), page_size=1000),
-                             key=lambda r: r.sequence):
-            state = self.client.get_checkpoint(record.checkpoint_id, full=True).state
-            self.client.create_checkpoint(writes_plan_id(target), source_tool=records.SOURCE_TOOL,
-                                          labels=dict(record.labels), state=state)
+            created = self.client.create_checkpoint(target, source_tool=records.SOURCE_TOOL, labels=dict(record.labels),
+                                                    description=record.description, state=copied.dumps())
+            writes = self.client.list_pending_writes(record.checkpoint_id)
+            if writes:
+                self.client.put_pending_writes(created.checkpoint_id, writes)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` keeps the newest checkpoint of each namespace (and its writes);
@@ -319,9 +314,7 @@ class CheckpointdSaver(BaseCheckpointSaver[str]):
                 if record.labels[NAMESPACE_LABEL] not in kept:
                     kept.add(record.labels[NAMESPACE_LABEL])
                     continue
-                self.client.delete_checkpoint(record.checkpoint_id)
-                if not self._records(plan_id, ns=None, checkpoint_id=record.labels[CHECKPOINT_LABEL]):
-                    self._delete_writes(plan_id, record)
+                self.client.delete_checkpoint(record.checkpoint_id)  # and its pending writes
 
     # -- workspace -------------------------------------------------------------------------
 
