@@ -82,7 +82,8 @@ class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
     create is served on the event loop, see ``Checkpoints.create_async``). The other methods that
     take a plan's lock run in ``executor`` without waiting there for a busy plan (``PlanLocks.run``);
-    Get and List are plain functions, which the server runs in ``executor``.
+    Get and List (and the pending writes' two calls, which touch no workspace) are plain
+    functions, which the server runs in ``executor``.
 
     Those plan calls (which may read a workspace, and so hang on it) take at most ``plan_threads``
     of the executor's threads at once; more wait for one on the loop. Stuck captures can so never
@@ -125,9 +126,6 @@ class AsyncCheckpointServicer(CheckpointServicer):
     async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
         # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
         return await self._in_thread(super().DeleteCheckpoints, request, context)
-
-    async def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.aio.ServicerContext):
-        return await self._in_thread(super().PutPendingWrites, request, context)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
