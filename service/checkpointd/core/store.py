@@ -14,8 +14,8 @@ and renamed from the staging directory to their final names. A caller commits me
 that references objects only after ``Batch.commit`` returns.
 
 A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
-``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta,
-``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta
+(zlib), ``Y`` a zstd delta (for objects past zlib's 32 KiB window), ``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
 open, records past it are verified and a torn tail is cut off.
 
 Packs are replayed in order on open, the last record of a digest winning and a deletion
@@ -56,20 +56,30 @@ log = logging.getLogger("checkpointd.store")
 #: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
 #: processes share (see ``readworker``).
 _DELTA = b"X"
+#: A delta of an object too large for zlib's: zstd with the whole base as its dictionary.
+_ZSTD_DELTA = b"Y"
+_DELTAS = (_DELTA, _ZSTD_DELTA)
 _DELETED = b"D"
-_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _DELETED)
-#: A delta is zlib with the content of another object (its base) as preset dictionary:
-#: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
-#: directory node is stored against the previous one; chains stay short to bound reads.
+_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _ZSTD_DELTA, _DELETED)
+#: A delta is an object compressed with the content of another object (its base) as
+#: dictionary: ``base digest (32 bytes) | depth (1) | stream``, the stream zlib (kind ``X``,
+#: the base's last 32 KiB as preset dictionary) or zstd (kind ``Y``, all of the base as a
+#: raw-content dictionary). A new version of a file or of a directory node is stored against
+#: the previous one; chains stay short to bound reads.
 _DELTA_HEADER = struct.Struct(">32sB")
 MAX_DELTA_DEPTH = 8
-#: zlib looks back 32 KiB at most: beyond that a base helps little.
-_DELTA_LIMIT = 64 << 10
+#: zlib looks back 32 KiB at most: an object and its base both within that are zlib deltas;
+#: larger ones (up to COMPRESS_LIMIT, the largest packed object) are zstd deltas, which see
+#: all of the base (a change near the top of a 50 KiB file no longer costs a whole copy).
+_ZLIB_DELTA_LIMIT = 32 << 10
+_ZSTD_DELTA_LEVEL = 3
 _CHUNK = 1 << 20
 
-#: Packs that may hold zstd records. A server from before zstd refuses such a pack as "not a
-#: pack" rather than taking its first zstd record for a torn tail and cutting the rest off.
-_PACK_MAGIC = b"CKPTPAK2"
+#: Packs that may hold zstd deltas. A server from before them refuses such a pack as "not a
+#: pack" rather than taking its first such record for a torn tail and cutting the rest off.
+_PACK_MAGIC = b"CKPTPAK3"
+#: Packs written before zstd deltas (no ``Y`` records): read, never appended to.
+_PACK_MAGIC_ZSTD = b"CKPTPAK2"
 #: Packs written before zstd (raw and zlib records only): read, never appended to.
 _PACK_MAGIC_ZLIB = b"CKPTPAK1"
 _PACK_HEADER = struct.Struct(">8sQ")
@@ -94,12 +104,16 @@ _BODY_ERRORS = (zlib.error, zstandard.ZstdError)
 _decompressors = threading.local()
 
 
-def _zstd_decompress(body: bytes) -> bytes:
-    """A zstd record's content. Only objects up to COMPRESS_LIMIT are packed: a frame that says
-    it holds more is corrupt, and is not given the memory it asks for."""
+def _zstd_decompress(body: bytes, base: bytes | None = None) -> bytes:
+    """A zstd record's content (``base``: a zstd delta's, its dictionary). Only objects up to
+    COMPRESS_LIMIT are packed: a frame that says it holds more is corrupt, and is not given the
+    memory it asks for."""
     size = zstandard.frame_content_size(body)
     if not 0 <= size <= COMPRESS_LIMIT:
         raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+    if base is not None:
+        dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(body, max_output_size=COMPRESS_LIMIT)
     decompressor = getattr(_decompressors, "decompressor", None)
     if decompressor is None:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
@@ -209,7 +223,7 @@ class _Recovery:
     superseded: dict[str, list[_Location]] = field(default_factory=dict)
 
     def record(self, digest: str, location: _Location, previous: _Location | None) -> None:
-        if location.kind != _DELTA:
+        if location.kind not in _DELTAS:
             self.superseded.pop(digest, None)
         elif previous is not None:
             self.superseded.setdefault(digest, []).append(previous)
@@ -224,7 +238,7 @@ class _Pack:
         self.fd = fd
         self.size = size
         self.durable = durable
-        #: False for a pack from before zstd records (see _PACK_MAGIC_ZLIB).
+        #: False for a pack from before zstd deltas (see _PACK_MAGIC_ZSTD).
         self.appendable = True
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -371,12 +385,12 @@ class ContentStore:
         first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
         size = os.fstat(pack.fd).st_size
         magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
-        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
+        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZSTD, _PACK_MAGIC_ZLIB):
             raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
         pack.appendable = magic == _PACK_MAGIC
         end = _PACK_HEADER.size
         for digest, kind, body_at, length in self._records(pack, size):
-            if kind == _DELTA:
+            if kind in _DELTAS:
                 if length < _DELTA_HEADER.size:
                     break
                 raw_base, depth = _DELTA_HEADER.unpack(os.pread(pack.fd, _DELTA_HEADER.size, body_at))
@@ -384,7 +398,7 @@ class ContentStore:
             else:
                 location = _Location(pack, body_at, length, kind)
             if body_at + length > durable_hint and kind != _DELETED:
-                if kind == _DELTA:
+                if kind in _DELTAS:
                     # Its base may be in a later pack (moved by a compaction): checked once all are read.
                     recovery.unverified.append((digest, location))
                 elif not self._verifies(digest, location):
@@ -396,7 +410,7 @@ class ContentStore:
             recovery.record(digest, location, previous)
             if kind != _DELETED:
                 self._committed[digest] = location
-                if kind == _DELTA:
+                if kind in _DELTAS:
                     self._dependents.setdefault(location.base, set()).add(digest)
         if end != size:
             os.ftruncate(pack.fd, end)
@@ -413,7 +427,7 @@ class ContentStore:
                 log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
                 self._fall_back(digest, recovery)
         resolved: dict[str, bool] = {}
-        for digest in [d for d, location in self._committed.items() if location.kind == _DELTA]:
+        for digest in [d for d, location in self._committed.items() if location.kind in _DELTAS]:
             self._resolves(digest, recovery, resolved)
 
     def _resolves(self, digest: str, recovery: _Recovery, resolved: dict[str, bool]) -> bool:
@@ -429,7 +443,7 @@ class ContentStore:
             if location is None or current in chain:
                 ok = False
                 break
-            if location.kind != _DELTA:
+            if location.kind not in _DELTAS:
                 ok = resolved[current] = True
                 break
             chain[current] = None
@@ -453,7 +467,7 @@ class ContentStore:
             self._committed[digest] = earlier
             if earlier.pack is not None:
                 self._dead[earlier.pack] -= RECORD.size + earlier.length
-            if earlier.kind != _DELTA or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
+            if earlier.kind not in _DELTAS or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
                 return True
             self._mark_dead(digest, self._committed.pop(digest))
         return False
@@ -479,6 +493,8 @@ class ContentStore:
         if location.kind == _DELTA:
             decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
             return decompressor.decompress(body[_DELTA_HEADER.size:]) + decompressor.flush()
+        if location.kind == _ZSTD_DELTA:
+            return _zstd_decompress(body[_DELTA_HEADER.size:], self.read_bytes(location.base))
         return body
 
     def _writable_pack(self) -> _Pack:
@@ -605,7 +621,7 @@ class ContentStore:
         rewritten: dict[_Pack, int] = {}
         for dependent in self._dependents.pop(base, set()):
             location = self._committed.get(dependent)
-            if location is None or location.kind != _DELTA or location.base != base:
+            if location is None or location.kind not in _DELTAS or location.base != base:
                 continue
             kind, body = pack_body(self.read_bytes(dependent))
             new = self._writable_pack().append(dependent, kind, body)
@@ -698,7 +714,7 @@ class ContentStore:
             if on_disk < indexed:
                 found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
         for digest, location in list(self._committed.items()):
-            if location.kind == _DELTA and location.base not in self._committed:
+            if location.kind in _DELTAS and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
         return found
 
@@ -770,7 +786,7 @@ class Batch:
         if len(data) > COMPRESS_LIMIT:
             self._put_loose(digest, (data,))
             return digest
-        if similar and len(data) <= _DELTA_LIMIT and self._put_delta(digest, data, similar, similar_data):
+        if similar and self._put_delta(digest, data, similar, similar_data):
             return digest
         kind, body = pack_body(data)
         self._publish(digest, self.store._writable_pack().append(digest, kind, body))
@@ -798,14 +814,21 @@ class Batch:
                 base_data = self.store.read_bytes(base)
         except DataLoss:
             return False
-        compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
-        delta = compressor.compress(data) + compressor.flush()
+        if max(len(data), len(base_data)) <= _ZLIB_DELTA_LIMIT:
+            kind = _DELTA
+            compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
+            delta = compressor.compress(data) + compressor.flush()
+        else:
+            kind = _ZSTD_DELTA
+            dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+            delta = zstandard.ZstdCompressor(level=_ZSTD_DELTA_LEVEL, dict_data=dictionary,
+                                             write_content_size=True).compress(data)
         # Worth it only when clearly smaller than the object compressed on its own would be.
         if len(delta) * 4 > len(data):
             return False
         depth = location.depth + 1
         body = _DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
-        self._publish(digest, self.store._writable_pack().append(digest, _DELTA, body, base, depth))
+        self._publish(digest, self.store._writable_pack().append(digest, kind, body, base, depth))
         return True
 
     def _stage(self) -> tuple[int, Path]:
@@ -873,7 +896,7 @@ class Batch:
                 committed[digest] = loose
             else:
                 committed[digest] = location
-                if location.kind == _DELTA:
+                if location.kind in _DELTAS:
                     self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)
