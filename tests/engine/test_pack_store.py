@@ -311,6 +311,35 @@ def test_a_pack_from_before_zstd_deltas_is_read_and_never_appended_to(tmp_path):
     assert ContentStore(tmp_path).read_bytes(new) == second
 
 
+def test_compact_all_rewrites_every_pack_with_dead_records_and_keeps_deletions(tmp_path, monkeypatch):
+    """`checkpointd gc --compact`: a pack compacts by itself only once half of it is dead."""
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 16384)
+    store = ContentStore(tmp_path)
+    contents = {}
+    for _ in range(24):
+        data = os.urandom(1500)
+        with store.batch() as batch:
+            contents[batch.put_bytes(data)] = data
+    doomed = [d for d in contents if store._committed[d].pack is store._packs[0]][:2]
+    doomed.append(next(d for d in contents if store._committed[d].pack is store._active))
+    for digest in doomed:
+        store.delete(digest)
+        del contents[digest]
+    size_before = sum(p.stat().st_size for p in _packs(store))
+    with store.collecting():
+        packs, reclaimed = store.compact_all()
+    assert packs == 2 and reclaimed > 0
+    assert sum(p.stat().st_size for p in _packs(store)) == size_before - reclaimed
+    with store.collecting():
+        assert store.compact_all() == (0, 0)
+    with store.batch() as batch:
+        contents[batch.put_bytes(b"written after the compaction")] = b"written after the compaction"
+    reopened = ContentStore(tmp_path)
+    assert sorted(reopened.iter_digests()) == sorted(contents)
+    assert all(reopened.read_bytes(d) == data for d, data in contents.items())
+    assert reopened.damage() == []
+
+
 def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_allocated(tmp_path):
     too_big = bytes(2 * store_module.COMPRESS_LIMIT)
     frame = zstandard.ZstdCompressor().compress(too_big)

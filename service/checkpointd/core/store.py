@@ -668,6 +668,23 @@ class ContentStore:
         log.info("compacted %s: %d live object(s) moved, %d tombstone(s) carried", pack.path.name, len(moved),
                  len(carried))
 
+    def compact_all(self) -> tuple[int, int]:
+        """Repacks: every pack holding a dead record (deleted, superseded, dropped) has its live
+        records moved to a new pack and is removed, the active one included (a new one is started
+        for them). Returns (packs compacted, bytes reclaimed). Call under ``collecting()``; each pack
+        goes as ``_compact`` does, so a crash at any step loses nothing."""
+        with self._pack_lock:
+            dead = [pack for pack in self._packs if self._dead.get(pack, 0) > 0]
+        if not dead:
+            return 0, 0
+        before = sum(pack.size for pack in self._packs)
+        if self._active in dead:
+            self._active.sync_to(self._active.size)
+            self._active = None  # the next append starts a pack: the old active one can be compacted
+        for pack in dead:
+            self._compact(pack)
+        return len(dead), max(0, before - sum(pack.size for pack in self._packs))
+
     def _older_pack_may_hold(self, digest: str, pack: _Pack) -> bool:
         """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""
         key = _dead_key(digest)
