@@ -211,7 +211,7 @@ def test_new_versions_are_stored_as_deltas_and_stay_readable_when_their_base_is_
             previous = batch.put_bytes(data, previous)
         digests.append(previous)
     kinds = [store._committed[d].kind for d in digests]
-    assert kinds.count(b"X") >= len(versions) - 2, kinds
+    assert kinds.count(b"Y") >= len(versions) - 2, kinds
     assert max(store._committed[d].depth for d in digests) <= store_module.MAX_DELTA_DEPTH
     reopened = ContentStore(tmp_path)
     assert [reopened.read_bytes(d) for d in digests] == versions
@@ -262,7 +262,7 @@ def test_a_pack_from_before_zstd_is_read_and_never_appended_to(tmp_path):
 def _large_versions() -> list[bytes]:
     """Versions of a ~60 KiB file, each edited near its top: past zlib's 32 KiB window."""
     lines = [b"line %05d of a large file that changes near its top in every version\n" % i for i in range(900)]
-    return [b"".join([b"# version %d\n" % n, *lines[n:]]) for n in range(12)]
+    return [b"".join([b"# version %d\n" % n, *lines[n:]]) for n in range(20)]
 
 
 def test_versions_of_a_file_larger_than_zlibs_window_are_zstd_deltas_of_the_whole_previous_one(tmp_path):
@@ -276,7 +276,8 @@ def test_versions_of_a_file_larger_than_zlibs_window_are_zstd_deltas_of_the_whol
     kinds = [store._committed[d].kind for d in digests]
     assert kinds.count(b"Y") >= len(versions) - 2, kinds
     assert all(store._committed[d].length < 1024 for d in digests if store._committed[d].kind == b"Y")
-    assert max(store._committed[d].depth for d in digests) <= store_module.MAX_DELTA_DEPTH
+    assert max(store._committed[d].depth for d in digests) == store_module.MAX_DELTA_DEPTH < len(versions) - 1, \
+        "a chain longer than MAX_DELTA_DEPTH must restart from a whole object"
     reopened = ContentStore(tmp_path)
     assert [reopened.read_bytes(d) for d in digests] == versions
     assert reopened.damage() == []
@@ -340,6 +341,20 @@ def test_compact_all_rewrites_every_pack_with_dead_records_and_keeps_deletions(t
     assert reopened.damage() == []
 
 
+def test_zlib_deltas_written_before_zstd_deltas_still_read(tmp_path):
+    (tmp_path / "packs").mkdir()
+    base, version = _versions_of_a_file()
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base[-32768:])
+    delta = hashlib.sha256(base).digest() + bytes([1]) + compressor.compress(version) + compressor.flush()
+    records = _record(base, b"S", zstandard.ZstdCompressor().compress(base)) + _record(version, b"X", delta)
+    (tmp_path / "packs" / "pack-000001.pack").write_bytes(b"CKPTPAK2" + (16 + len(records)).to_bytes(8, "big")
+                                                          + records)
+    store = ContentStore(tmp_path)
+    digest = hashlib.sha256(version).hexdigest()
+    assert store._committed[digest].kind == b"X" and store.read_bytes(digest) == version
+    assert store.damage() == []
+
+
 def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_allocated(tmp_path):
     too_big = bytes(2 * store_module.COMPRESS_LIMIT)
     frame = zstandard.ZstdCompressor().compress(too_big)
@@ -385,7 +400,7 @@ def test_a_deleted_delta_stays_deleted_when_the_pack_of_its_tombstone_is_compact
     beside_a = _fill_until_rotated(store, a_pack.number)
     with store.batch() as batch:
         b = batch.put_bytes(second, a)
-    assert store._committed[b].kind == b"X" and store._committed[b].base == a
+    assert store._committed[b].kind == b"Y" and store._committed[b].base == a
     b_pack = store._committed[b].pack
     kept = _fill_until_rotated(store, b_pack.number)  # B's pack stays mostly live: never compacted
     tombstone_pack = store._active

@@ -14,8 +14,8 @@ and renamed from the staging directory to their final names. A caller commits me
 that references objects only after ``Batch.commit`` returns.
 
 A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
-``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta
-(zlib), ``Y`` a zstd delta (for objects past zlib's 32 KiB window), ``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``Y`` a delta
+(zstd), ``X`` a zlib delta (written before zstd deltas, still read), ``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
 open, records past it are verified and a torn tail is cut off.
 
 Packs are replayed in order on open, the last record of a digest winning and a deletion
@@ -55,23 +55,22 @@ log = logging.getLogger("checkpointd.store")
 
 #: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
 #: processes share (see ``readworker``).
+#: A delta as servers before zstd deltas wrote it (zlib: the base's last 32 KiB as dictionary).
 _DELTA = b"X"
-#: A delta of an object too large for zlib's: zstd with the whole base as its dictionary.
+#: A delta: zstd with the whole base as its dictionary.
 _ZSTD_DELTA = b"Y"
 _DELTAS = (_DELTA, _ZSTD_DELTA)
 _DELETED = b"D"
 _KINDS = (RAW, ZLIB, ZSTD, _DELTA, _ZSTD_DELTA, _DELETED)
 #: A delta is an object compressed with the content of another object (its base) as
-#: dictionary: ``base digest (32 bytes) | depth (1) | stream``, the stream zlib (kind ``X``,
-#: the base's last 32 KiB as preset dictionary) or zstd (kind ``Y``, all of the base as a
-#: raw-content dictionary). A new version of a file or of a directory node is stored against
-#: the previous one; chains stay short to bound reads.
+#: dictionary: ``base digest (32 bytes) | depth (1) | stream``, the stream zstd with all of the
+#: base as a raw-content dictionary (kind ``Y``), or, written before, zlib with the base's last
+#: 32 KiB (kind ``X``: zlib looks back no further, so a change near the top of a file over 32
+#: KiB cost a whole copy, and level-1 zlib deltas of small files were about 1.8x zstd's). A new
+#: version of a file or of a directory node is stored against the previous one; chains stay
+#: short to bound reads.
 _DELTA_HEADER = struct.Struct(">32sB")
-MAX_DELTA_DEPTH = 8
-#: zlib looks back 32 KiB at most: an object and its base both within that are zlib deltas;
-#: larger ones (up to COMPRESS_LIMIT, the largest packed object) are zstd deltas, which see
-#: all of the base (a change near the top of a 50 KiB file no longer costs a whole copy).
-_ZLIB_DELTA_LIMIT = 32 << 10
+MAX_DELTA_DEPTH = 16
 _ZSTD_DELTA_LEVEL = 3
 _CHUNK = 1 << 20
 
@@ -831,21 +830,15 @@ class Batch:
                 base_data = self.store.read_bytes(base)
         except DataLoss:
             return False
-        if max(len(data), len(base_data)) <= _ZLIB_DELTA_LIMIT:
-            kind = _DELTA
-            compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
-            delta = compressor.compress(data) + compressor.flush()
-        else:
-            kind = _ZSTD_DELTA
-            dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-            delta = zstandard.ZstdCompressor(level=_ZSTD_DELTA_LEVEL, dict_data=dictionary,
-                                             write_content_size=True).compress(data)
+        dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        delta = zstandard.ZstdCompressor(level=_ZSTD_DELTA_LEVEL, dict_data=dictionary,
+                                         write_content_size=True).compress(data)
         # Worth it only when clearly smaller than the object compressed on its own would be.
         if len(delta) * 4 > len(data):
             return False
         depth = location.depth + 1
         body = _DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
-        self._publish(digest, self.store._writable_pack().append(digest, kind, body, base, depth))
+        self._publish(digest, self.store._writable_pack().append(digest, _ZSTD_DELTA, body, base, depth))
         return True
 
     def _stage(self) -> tuple[int, Path]:
