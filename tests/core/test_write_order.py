@@ -206,3 +206,44 @@ def test_a_large_batch_is_synced_in_parts_and_keeps_no_descriptor_open(
     for i in range(10):
         st = (tmp_path / f"f{i}").stat()
         assert (st.st_ino, st.st_size) in synced
+
+
+def test_a_large_batch_is_synced_with_one_syncfs_per_file_system_after_every_rename(
+    tmp_path: Path, restorer: Restorer, calls: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(syncbatch, "SYNCFS_MIN", 1)
+    real_syncfs = syncbatch._syncfs
+
+    def syncfs(fd: int) -> None:
+        calls.append(("syncfs", os.fstat(fd).st_dev))
+        real_syncfs(fd)
+
+    monkeypatch.setattr(syncbatch, "_syncfs", syncfs)
+    changes = _rollback_changes(restorer, tmp_path)
+    calls.clear()
+
+    restorer.apply(Workspace(str(tmp_path / "ws")), changes)
+
+    assert [c for c in calls if c[0].startswith(("fsync", "syncfs"))] == [("syncfs", tmp_path.stat().st_dev)]
+    assert calls[-1][0] == "syncfs", "the file system was synced before the last rename"
+
+
+def test_a_batch_whose_syncfs_fails_is_synced_file_by_file(
+    tmp_path: Path, restorer: Restorer, calls: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(syncbatch, "SYNCFS_MIN", 1)
+
+    def failing_syncfs(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(syncbatch, "_syncfs", failing_syncfs)
+    changes = _rollback_changes(restorer, tmp_path)
+    ws = tmp_path / "ws"
+    calls.clear()
+
+    restorer.apply(Workspace(str(ws)), changes)
+
+    synced = {(c[1], c[2]) for c in calls if c[0] == "fsync-file"}
+    for path in ("a.txt", "b.txt", "sub/new.txt"):
+        st = (ws / path).stat()
+        assert (st.st_ino, st.st_size) in synced

@@ -3,12 +3,13 @@ together before anyone is told they are.
 
 One fsync per restored file (and one per directory) made a rollback of a few dozen files cost
 hundreds of milliseconds: each is a journal commit of its own. A ``SyncBatch`` keeps a duplicate
-descriptor of every file and directory written under it and, at ``flush``, fsyncs them all at
-once from a small pool of threads: the file system's journal commits concurrent fsyncs together,
-so a batch costs about one or two commits. ``syncfs(2)`` would be one call, but it also waits
-for every other process's dirty data on the same file system (measured on these machines: no
-faster than one fsync per file while other work was writing); concurrent fsyncs wait only for
-what the batch wrote.
+descriptor of every file and directory written under it and, at ``flush``, makes them durable
+together: a batch of ``SYNCFS_MIN`` or more with one ``syncfs(2)`` per file system they are on
+(Linux; one journal commit, and about 3x faster than concurrent fsyncs for 60 files on these
+machines), a smaller one, or where syncfs is missing or fails, with fsyncs issued at once from a
+small pool of threads (the journal commits concurrent fsyncs together; a failure names its
+file). syncfs also waits for other processes' dirty data on the same file system: with a build
+writing beside it, it measured no faster than one fsync per file (but no slower either).
 
 Until ``flush`` returns nothing written under the batch is known to be durable: a caller
 acknowledges (or drops the journal entry that can finish or undo the writes) only after it.
@@ -17,14 +18,32 @@ acknowledges (or drops the journal entry that can finish or undo the writes) onl
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import logging
 import os
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
+
+log = logging.getLogger("checkpointd.syncbatch")
 
 #: At most this many descriptors are held open by a batch; past it the batch is flushed early.
 MAX_PENDING = 128
 #: Threads that fsync concurrently (each waits on the disk with the interpreter lock released).
 SYNC_THREADS = 8
+#: From this many files and directories on, a batch is synced with syncfs (see the module docstring).
+SYNCFS_MIN = 8
+
+_libc_syncfs = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), "syncfs", None)
+
+
+def _syncfs(fd: int) -> None:
+    """syncfs(2): everything written to ``fd``'s file system is durable when it returns."""
+    if _libc_syncfs is None:
+        raise OSError(0, "syncfs is not available")
+    if _libc_syncfs(fd) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
 
 _pool: Executor | None = None
 _pool_guard = threading.Lock()
@@ -53,6 +72,8 @@ class SyncBatch:
     def __init__(self) -> None:
         #: (path, duplicated fd) of every file and directory to sync, in the order added.
         self._pending: list[tuple[str, int]] = []
+        #: One pending fd on each file system (device) the batch wrote to, for syncfs.
+        self._devices: dict[int, int] = {}
         #: Directories already pending, by (device, inode): each is synced once per flush.
         self._dirs: set[tuple[int, int]] = set()
 
@@ -66,10 +87,12 @@ class SyncBatch:
         key = (st.st_dev, st.st_ino)
         if key not in self._dirs:
             self._dirs.add(key)
-            self._add(path, fd)
+            self._add(path, fd, st.st_dev)
 
-    def _add(self, path: str, fd: int) -> None:
-        self._pending.append((path, os.dup(fd)))
+    def _add(self, path: str, fd: int, device: int | None = None) -> None:
+        duplicate = os.dup(fd)
+        self._pending.append((path, duplicate))
+        self._devices.setdefault(os.fstat(fd).st_dev if device is None else device, duplicate)
         if len(self._pending) >= MAX_PENDING:
             self.flush()
 
@@ -80,10 +103,13 @@ class SyncBatch:
         """Makes everything added so far durable; raises ``SyncFailed`` (the first failure, by the
         order added) if any of it could not be synced. The batch is empty afterwards either way."""
         pending, self._pending = self._pending, []
+        devices, self._devices = self._devices, {}
         self._dirs.clear()
         if not pending:
             return
         try:
+            if len(pending) >= SYNCFS_MIN and _synced_whole_file_systems(list(devices.values())):
+                return
             if len(pending) == 1:
                 errors = [_sync(pending[0][1])]
             else:
@@ -98,10 +124,24 @@ class SyncBatch:
     def close(self) -> None:
         """Drops what is pending without syncing it (the caller failed before its sync point)."""
         pending, self._pending = self._pending, []
+        self._devices.clear()
         self._dirs.clear()
         for _path, fd in pending:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _synced_whole_file_systems(fds: list[int]) -> bool:
+    """syncfs on each fd (one per file system); False if it is missing or failed (the caller then
+    fsyncs each file, which also names the one that cannot be synced)."""
+    try:
+        for fd in fds:
+            _syncfs(fd)
+    except OSError as exc:
+        if exc.errno:
+            log.warning("syncfs failed (%s); syncing file by file", exc.strerror)
+        return False
+    return True
 
 
 def _sync(fd: int) -> OSError | None:
