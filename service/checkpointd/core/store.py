@@ -15,8 +15,9 @@ that references objects only after ``Batch.commit`` returns.
 
 A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
 ``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``Y`` a delta
-(zstd), ``X`` a zlib delta (written before zstd deltas, still read), ``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
-open, records past it are verified and a torn tail is cut off.
+(zstd), ``X`` a zlib delta (written before zstd deltas, still read), ``D`` a deletion (no body).
+Each pack's header carries the length known to be durable; on open, records past it are
+verified and a torn tail is cut off.
 
 Packs are replayed in order on open, the last record of a digest winning and a deletion
 (tombstone) ending every record of it before. A compaction that removes a pack therefore
@@ -466,7 +467,8 @@ class ContentStore:
             self._committed[digest] = earlier
             if earlier.pack is not None:
                 self._dead[earlier.pack] -= RECORD.size + earlier.length
-            if earlier.kind not in _DELTAS or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
+            if earlier.kind not in _DELTAS or self._resolves(earlier.base, recovery,
+                                                              {} if resolved is None else resolved):
                 return True
             self._mark_dead(digest, self._committed.pop(digest))
         return False
