@@ -52,7 +52,7 @@ run: install
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 CORE_SUITES := tests/service tests/clients tests/features tests/engine/test_unwatched_changes.py \
 	tests/hardening/test_gc_capture_races.py tests/hardening/test_rollback_races.py \
-	tests/hardening/test_rollback_journal.py
+	tests/hardening/test_rollback_journal.py tests/hardening/test_stuck_plan.py
 
 test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"

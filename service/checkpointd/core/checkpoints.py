@@ -44,7 +44,7 @@ from checkpointd.core.errors import (
     ResourceExhausted,
 )
 from checkpointd.core.faults import Point, crash_point, may_stall
-from checkpointd.core.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
 from checkpointd.core.index import Indexed, StatIndex
 from checkpointd.core.journal import (
     LEGACY_DIRECTORY,
@@ -747,7 +747,7 @@ class Checkpoints:
     def _target_rules(self, row: CheckpointRow) -> IgnoreRules:
         def load(directory: str) -> bytes | None:
             entry = self.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
-            if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
+            if entry is None or entry.kind is not EntryKind.FILE or entry.size > MAX_GITIGNORE_BYTES:
                 return None
             return self.store.read_bytes(entry.digest)
 

@@ -648,18 +648,23 @@ class AdvisoryLock:
 
     _LOCK_SQL = {False: "SELECT pg_advisory_lock(%s)", True: "SELECT pg_advisory_lock_shared(%s)"}
     _UNLOCK_SQL = {False: "SELECT pg_advisory_unlock(%s)", True: "SELECT pg_advisory_unlock_shared(%s)"}
+    _TRY_LOCK_SQL = {False: "SELECT pg_try_advisory_lock(%s)", True: "SELECT pg_try_advisory_lock_shared(%s)"}
 
     def __init__(self, engine: Engine | None, key: int, shared: bool) -> None:
         self._engine = engine
         self._key = key
         self._lock_sql = self._LOCK_SQL[shared]
         self._unlock_sql = self._UNLOCK_SQL[shared]
+        self._try_lock_sql = self._TRY_LOCK_SQL[shared]
         self._connection: PoolProxiedConnection | None = None
         self._guard = threading.Lock()
 
-    def acquire(self) -> None:
+    def acquire(self, wait: bool = True) -> bool:
+        """Takes the lock; without ``wait``, only if no one holds or waits for a conflicting
+        one (then it never queues ahead of others): whether it was taken."""
         if self._engine is None:
-            return
+            return True
+        statement = self._lock_sql if wait else self._try_lock_sql
         dialect = self._engine.dialect
         driver_error = dialect.loaded_dbapi.Error
         for attempt in (1, 2):
@@ -669,7 +674,7 @@ class AdvisoryLock:
                 # As Core reports a failed connect: the driver's error inside SQLAlchemy's.
                 raise DBAPIError.instance(None, None, exc, driver_error) from exc
             try:
-                connection.driver_connection.execute(self._lock_sql, (self._key,))
+                taken = connection.driver_connection.execute(statement, (self._key,)).fetchone()[0] is not False
             except BaseException as exc:
                 dropped = dialect.is_disconnect(exc, connection.driver_connection, None)
                 connection.invalidate()
@@ -678,12 +683,16 @@ class AdvisoryLock:
                 if attempt == 1 and dropped:
                     continue
                 if isinstance(exc, driver_error):
-                    raise DBAPIError.instance(self._lock_sql, (self._key,), exc, driver_error,
+                    raise DBAPIError.instance(statement, (self._key,), exc, driver_error,
                                               connection_invalidated=dropped) from exc
                 raise
+            if not taken:
+                connection.close()
+                return False
             with self._guard:
                 self._connection = connection
-            return
+            return True
+        return False
 
     def release(self) -> None:
         with self._guard:

@@ -33,7 +33,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import functools
 import hashlib
+import itertools
 import logging
 import os
 import struct
@@ -149,48 +151,85 @@ def _fsync_dir(path: Path) -> None:
 
 
 class SharedExclusiveLock:
-    """Many holders of the shared side, or one of the exclusive side (writers first)."""
+    """Many holders of the shared side, or one of the exclusive side (writers first, or, with a
+    patience, as long as no shared holder looks stuck)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._shared = 0
+        #: Shared holders: token -> when it entered (monotonic seconds).
+        self._holders: dict[int, float] = {}
+        self._tokens = itertools.count()
         self._exclusive = False
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         with self._cond:
             self._cond.wait_for(lambda: not self._exclusive)
-            self._shared += 1
+            token = self._enter()
         try:
             yield
         finally:
-            self._release_shared()
+            self._release_shared(token)
 
     def try_shared(self) -> Callable[[], None] | None:
         """The shared side if it can be had without waiting: its release, else None."""
         with self._cond:
             if self._exclusive:
                 return None
-            self._shared += 1
-        return self._release_shared
+            token = self._enter()
+        return functools.partial(self._release_shared, token)
 
-    def _release_shared(self) -> None:
+    def _enter(self) -> int:
+        token = next(self._tokens)
+        self._holders[token] = time.monotonic()
+        return token
+
+    def _release_shared(self, token: int) -> None:
         with self._cond:
-            self._shared -= 1
+            del self._holders[token]
             self._cond.notify_all()
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, patience: float | None = None) -> Iterator[None]:
+        """Without ``patience``, waits as long as the shared holders take, holding back new ones.
+        With it, raises ``Postponed`` rather than wait on a holder that looks stuck (see ``_take``)."""
         with self._cond:
             self._cond.wait_for(lambda: not self._exclusive)
-            self._exclusive = True
-            self._cond.wait_for(lambda: self._shared == 0)
+            if patience is None:
+                self._exclusive = True
+                self._cond.wait_for(lambda: not self._holders)
+            elif not self._take(patience):
+                raise Postponed(f"a holder of the shared side has held it for over {patience:g}s")
         try:
             yield
         finally:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+    def _take(self, patience: float) -> bool:
+        """Called with ``_cond`` held. First waits up to ``patience`` for a moment with no shared
+        holder, holding back no one; then holds back new holders while the present ones finish,
+        unless one of them has held the lock for ``patience`` already (it entered before the wait
+        began and may never leave), and gives up once one has. New holders are so held back for
+        less than ``patience``, and never behind a holder that was stuck when this began."""
+        if self._cond.wait_for(lambda: not self._holders, timeout=patience):
+            self._exclusive = True
+            return True
+        self._exclusive = True
+        while self._holders:
+            stuck_at = min(self._holders.values()) + patience
+            remaining = stuck_at - time.monotonic()
+            if remaining <= 0:
+                self._exclusive = False
+                self._cond.notify_all()
+                return False
+            self._cond.wait(remaining)
+        return True
+
+
+class Postponed(RuntimeError):
+    """The exclusive side was not taken within its patience: a shared holder may be stuck."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +375,11 @@ class ContentStore:
         garbage collection holds the store."""
         return self._gc_fence.try_shared()
 
-    def collecting(self) -> contextlib.AbstractContextManager[None]:
-        """Held by garbage collection: no checkpoint is between its objects and its row."""
-        return self._gc_fence.exclusive()
+    def collecting(self, patience: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Held by garbage collection: no checkpoint is between its objects and its row. With a
+        ``patience``, ``Postponed`` rather than wait on (and hold every other capture back behind)
+        a capture that has held ``referencing`` that long (see ``SharedExclusiveLock._take``)."""
+        return self._gc_fence.exclusive(patience)
 
     def _clear_staging(self) -> None:
         """Leftovers of an interrupted batch were never referenced; drop them."""
