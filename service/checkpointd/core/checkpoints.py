@@ -1018,7 +1018,7 @@ class Checkpoints:
                 session.commit()
                 self.capturer.record(plan.workspace_root, capture.tree)
             if changes:
-                self.restorer.apply(workspace, changes, seen)
+                self.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE)
         crash_point(Point.ROLLBACK_APPLIED)
         self.journal.remove(entry.plan_id)
 
