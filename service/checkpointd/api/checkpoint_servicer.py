@@ -15,6 +15,7 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
 from checkpointd.core.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
 from checkpointd.core.contents import Contents
+from checkpointd.core.pending_writes import PendingWrite
 from checkpointd.core.plans import Plans
 
 T = TypeVar("T")
@@ -69,6 +70,21 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
         return response
 
+    def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.ServicerContext):
+        deleted = self.checkpoints.delete_matching(request.plan_id, request.filter)
+        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
+
+    def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.ServicerContext):
+        self.checkpoints.put_pending_writes(request.checkpoint_id, [
+            PendingWrite(w.task_id, w.index, w.channel, w.value_type, w.value, w.task_path) for w in request.writes])
+        return pb.PutPendingWritesResponse()
+
+    def ListPendingWrites(self, request: pb.ListPendingWritesRequest, context: grpc.ServicerContext):
+        return pb.ListPendingWritesResponse(writes=[
+            pb.PendingWrite(task_id=w.task_id, index=w.index, channel=w.channel, value_type=w.value_type,
+                            value=w.value, task_path=w.task_path)
+            for w in self.checkpoints.pending_writes(request.checkpoint_id)])
+
     def ListPlans(self, request: pb.ListPlansRequest, context: grpc.ServicerContext):
         found, token = self.plans.list(request.page_size, request.page_token, request.filter)
         return pb.ListPlansResponse(plans=[convert.plan(p) for p in found], next_page_token=token)
@@ -121,7 +137,8 @@ class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
     create is served on the event loop, see ``Checkpoints.create_async``). The other methods that
     take a plan's lock run in ``executor`` without waiting there for a busy plan (``PlanLocks.run``);
-    Get and List are plain functions, which the server runs in ``executor``.
+    Get and List (and the pending writes' two calls, which touch no workspace) are plain
+    functions, which the server runs in ``executor``.
 
     Those plan calls (which may read a workspace, and so hang on it) take at most ``plan_threads``
     of the executor's threads at once; more wait for one on the loop. Stuck captures can so never
@@ -175,6 +192,9 @@ class AsyncCheckpointServicer(CheckpointServicer):
     async def ExportCheckpoint(self, request: pb.ExportCheckpointRequest, context: grpc.aio.ServicerContext):
         async for response in self._stream(lambda: self._archive_chunks(request)):
             yield response
+    async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
+        # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
+        return await self._in_thread(super().DeleteCheckpoints, request, context)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:

@@ -302,6 +302,16 @@ class Database:
                 connection.execute(statement)
                 connection.commit()
 
+    def truncate_wal(self) -> bool:
+        """SQLite: copies the whole write-ahead log into the database and empties it (after a
+        maintenance run, which writes much of it). False if a reader kept part of it (it is copied
+        at a later checkpoint) or on PostgreSQL, which keeps no such file here."""
+        if not self.is_sqlite:
+            return False
+        with self.engine.connect() as connection:
+            busy, _log_pages, _copied = connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+        return not busy
+
     def group_commit(self, write: Callable[[RowWriter, list[U]], None]) -> GroupCommit[U]:
         """A queue whose items are written by ``write`` in transactions shared by concurrent callers."""
         return GroupCommit(self._row_transaction, write)
@@ -731,10 +741,20 @@ def _was_dropped(connection) -> bool:
     return bool(poller.poll(0))
 
 
+#: Pages of write-ahead log after which a commit copies them into the database (SQLite's default
+#: is 1000: a log of 4 MiB that stays that size while serving, beside a database of a few MiB).
+WAL_AUTOCHECKPOINT_PAGES = 256
+#: What a log grown past it (a bulk write) is cut back to when it is next reset.
+WAL_SIZE_LIMIT = 1 << 20
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
-    """WAL for concurrent readers; FULL sync so a committed checkpoint survives power loss."""
+    """WAL for concurrent readers; FULL sync so a committed checkpoint survives power loss; a
+    small log (it counts against the data directory's size)."""
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+    cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()

@@ -363,6 +363,8 @@ class Maintenance:
         """Retention first (it frees references), then GC."""
         prune = self.prune(dry_run=dry_run)
         gc = self.collect_garbage(dry_run=dry_run)
+        if not dry_run:
+            self.db.truncate_wal()
         busy = prune.total or gc.deleted_objects
         log.log(logging.INFO if busy else logging.DEBUG,
                 "maintenance: pruned %d checkpoint(s), deleted %d object(s), reclaimed %d bytes%s",

@@ -4,13 +4,13 @@ index on PostgreSQL: equality is all it serves, and it has no limit on the key's
 entry must fit in a third of a page, and a root may be 4096 bytes).
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 """
 
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
