@@ -159,12 +159,25 @@ def test_text_diffs_between_checkpoints_and_against_the_live_workspace(checkpoin
 
 def test_text_diffs_of_one_response_are_bounded_in_total(checkpoint_stub, workspace, plan_id):
     for i in range(4):
-        (workspace / f"f{i}.txt").write_text("a\n" * 300_000)
+        (workspace / f"f{i}.txt").write_text(("a" * 39 + "\n") * 15_000)
     base = _checkpoint(checkpoint_stub, plan_id, workspace)
     for i in range(4):
-        (workspace / f"f{i}.txt").write_text("b\n" * 300_000)
+        (workspace / f"f{i}.txt").write_text(("b" * 39 + "\n") * 15_000)
     changes = _diff(checkpoint_stub, base.checkpoint_id)
     statuses = [changes[f"f{i}.txt"].text_diff_status for i in range(4)]
     assert statuses[0] == pb.TEXT_DIFF_STATUS_TEXT
     assert pb.TEXT_DIFF_STATUS_TOO_LARGE in statuses
     assert sum(len(c.text_diff) for c in changes.values()) <= 2 << 20
+
+
+def test_a_file_of_too_many_lines_gets_no_text_diff(checkpoint_stub, workspace, plan_id):
+    """Under the size limit but with more lines than the server diffs (difflib's worst case grows
+    with the product of both sides' lines): TOO_LARGE, while a file just within the limit is diffed."""
+    (workspace / "many.txt").write_text("x\n" * 20_001)
+    (workspace / "enough.txt").write_text("x\n" * 20_000)
+    base = _checkpoint(checkpoint_stub, plan_id, workspace)
+    (workspace / "many.txt").write_text("y\n" * 20_001)
+    (workspace / "enough.txt").write_text("y\n" * 20_000)
+    changes = _diff(checkpoint_stub, base.checkpoint_id)
+    assert changes["many.txt"].text_diff_status == pb.TEXT_DIFF_STATUS_TOO_LARGE
+    assert changes["enough.txt"].text_diff_status == pb.TEXT_DIFF_STATUS_TEXT

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import tarfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -28,6 +29,13 @@ CHUNK = 64 * 1024
 MAX_TEXT_DIFF_SIDE = 1 << 20
 #: Text diffs of one response stop (TOO_LARGE) once they reach this many characters in total.
 MAX_TEXT_DIFF_TOTAL = 2 << 20
+#: A side with more lines than this gets no text diff (TOO_LARGE): difflib's cost grows with the
+#: product of the two sides' lines in the worst case (a shuffled file of 200,000 short repeated
+#: lines took 34 s of CPU); at 20,000 lines the worst seen was about 1 s.
+MAX_TEXT_DIFF_LINES = 20_000
+#: Once the diffs of one response have taken this long, the remaining files get TOO_LARGE: a
+#: workspace's content never holds a server thread for long.
+MAX_TEXT_DIFF_SECONDS = 5.0
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -131,8 +139,11 @@ class Contents:
             plan = session.get(PlanRow, base.plan_id) if base is not None and not target_id else None
         live = Workspace(plan.workspace_root) if plan is not None and plan.workspace_root else None
         budget = MAX_TEXT_DIFF_TOTAL
+        give_up_at = time.monotonic() + MAX_TEXT_DIFF_SECONDS
         diffs = {}
         for change in changes:
+            if time.monotonic() > give_up_at:
+                budget = 0
             result = self._text_diff(change, live if not target_id else None, budget)
             budget -= len(result.text)
             diffs[change.path] = result
@@ -165,11 +176,13 @@ class Contents:
                 texts.append(data.decode("utf-8"))
             except UnicodeDecodeError:
                 return TextDiff(TextDiffStatus.BINARY)
+        sides_lines = [text.splitlines(keepends=True) for text in texts]
+        if any(len(lines) > MAX_TEXT_DIFF_LINES for lines in sides_lines):
+            return TextDiff(TextDiffStatus.TOO_LARGE)
         name = change.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         old = f"a/{name}" if change.base is not None and change.base.kind is EntryKind.FILE else "/dev/null"
         new = f"b/{name}" if change.target is not None and change.target.kind is EntryKind.FILE else "/dev/null"
-        lines = difflib.unified_diff(texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True),
-                                     old, new)
+        lines = difflib.unified_diff(sides_lines[0], sides_lines[1], old, new)
         text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
         if len(text) > budget:
             return TextDiff(TextDiffStatus.TOO_LARGE)
