@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 import grpc
 import pytest
@@ -27,6 +28,7 @@ from checkpointd_client import (
     TriggerPolicy,
     open_channel,
 )
+from checkpointd_client import policy as policy_module
 from checkpointd_client.errors import InvalidConfigValueError
 
 WAIT_S = 30
@@ -124,8 +126,9 @@ def test_a_read_refused_for_another_reason_is_raised_not_hidden(scripted_config_
     assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_the_watch_follows_changes_across_stream_deadlines_and_broken_streams(scripted_config_server) -> None:
+def test_the_watch_follows_changes_across_stream_deadlines_and_broken_streams(scripted_config_server, caplog) -> None:
     service = scripted_config_server.service
+    caplog.set_level(logging.INFO, logger="checkpointd_client")
     watcher = _watcher(scripted_config_server.target, reconnect_backoff_s=(0.05, 0.2), watch_deadline_s=0.5).start()
     try:
         assert watcher.wait_for(lambda s: s == CheckpointSettings(), timeout=WAIT_S)
@@ -134,6 +137,8 @@ def test_the_watch_follows_changes_across_stream_deadlines_and_broken_streams(sc
             assert watcher.wait_for(lambda s: False, timeout=0.1) is False
         service.push(ConfigKey.CLIENT_DEADLINE_MS, 900)
         assert watcher.wait_for(lambda s: s.client_deadline_s == 0.9, timeout=WAIT_S)
+        # A stream reaching its own deadline is renewed quietly; only a broken one is reported.
+        assert "watch interrupted" not in caplog.text
 
         opened = service.watches_opened
         service.break_watches()
@@ -141,6 +146,7 @@ def test_the_watch_follows_changes_across_stream_deadlines_and_broken_streams(sc
             watcher.wait_for(lambda s: False, timeout=0.1)
         service.push(ConfigKey.ON_UNAVAILABLE, "refuse")
         assert watcher.wait_for(lambda s: s.on_unavailable is OnUnavailable.REFUSE, timeout=WAIT_S)
+        assert "checkpointd config watch interrupted (UNAVAILABLE); reconnecting" in caplog.text
     finally:
         watcher.close()
     assert not watcher._thread.is_alive()  # noqa: SLF001 - close() must end the watch
@@ -172,3 +178,29 @@ def test_a_policy_decides_on_the_settings_it_is_given_and_its_own_switches() -> 
     assert derived.locally_disabled == {AutoTrigger.ON_ERROR}
     assert derived.is_enabled("after_tool_execute") and not derived.is_enabled("on_error")
     assert FixedSettings().current() == CheckpointSettings()
+
+
+def test_a_refused_first_read_in_the_background_still_follows_later_changes(scripted_config_server) -> None:
+    service = scripted_config_server.service
+    service.push(ConfigKey.AUTO_CREATE_ON, ["on_teleport"])
+    watcher = _watcher(scripted_config_server.target, reconnect_backoff_s=(0.05, 0.2)).start(wait=False)
+    try:
+        assert watcher.wait_for_refusal(timeout=WAIT_S)
+        service.push(ConfigKey.AUTO_CREATE_ON, ["on_error"])
+        assert watcher.wait_for(lambda s: s.auto_create_on == {AutoTrigger.ON_ERROR}, timeout=WAIT_S)
+    finally:
+        watcher.close()
+
+
+def test_once_the_background_read_has_ended_decisions_no_longer_wait(scripted_config_server, monkeypatch) -> None:
+    # A first read that never ended would hold every decision for this long; the test waits far less.
+    monkeypatch.setattr(policy_module, "FIRST_READ_WAIT_S", 120.0)
+    scripted_config_server.service.push(ConfigKey.ON_UNAVAILABLE, "refuse")
+    watcher = _watcher(scripted_config_server.target).start(wait=False)
+    try:
+        assert watcher.wait_for(lambda s: s.on_unavailable is OnUnavailable.REFUSE, timeout=WAIT_S)
+        decided = threading.Event()
+        threading.Thread(target=lambda: (watcher.current(), decided.set()), daemon=True).start()
+        assert decided.wait(WAIT_S)
+    finally:
+        watcher.close()
