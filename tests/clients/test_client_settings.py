@@ -150,6 +150,7 @@ def test_the_watch_follows_changes_across_stream_deadlines_and_broken_streams(sc
     finally:
         watcher.close()
     assert not watcher._thread.is_alive()  # noqa: SLF001 - close() must end the watch
+    assert "did not stop" not in caplog.text
 
 
 def test_wait_for_is_false_while_a_value_is_refused(scripted_config_server) -> None:
@@ -192,15 +193,30 @@ def test_a_refused_first_read_in_the_background_still_follows_later_changes(scri
         watcher.close()
 
 
-def test_once_the_background_read_has_ended_decisions_no_longer_wait(scripted_config_server, monkeypatch) -> None:
+@pytest.mark.parametrize("in_background", [False, True])
+def test_once_the_first_read_has_ended_decisions_no_longer_wait(scripted_config_server, monkeypatch,
+                                                                in_background: bool) -> None:
     # A first read that never ended would hold every decision for this long; the test waits far less.
     monkeypatch.setattr(policy_module, "FIRST_READ_WAIT_S", 120.0)
     scripted_config_server.service.push(ConfigKey.ON_UNAVAILABLE, "refuse")
-    watcher = _watcher(scripted_config_server.target).start(wait=False)
+    watcher = _watcher(scripted_config_server.target).start(wait=not in_background)
     try:
+        if not in_background:  # start() itself read the settings
+            assert watcher.fetched and watcher._settings.on_unavailable is OnUnavailable.REFUSE  # noqa: SLF001
         assert watcher.wait_for(lambda s: s.on_unavailable is OnUnavailable.REFUSE, timeout=WAIT_S)
         decided = threading.Event()
         threading.Thread(target=lambda: (watcher.current(), decided.set()), daemon=True).start()
         assert decided.wait(WAIT_S)
+    finally:
+        watcher.close()
+
+
+def test_a_background_first_read_refused_for_another_reason_still_watches(scripted_config_server) -> None:
+    service = scripted_config_server.service
+    service.read_failure = grpc.StatusCode.PERMISSION_DENIED  # GetConfig refused; WatchConfig answers
+    service.push(ConfigKey.ON_UNAVAILABLE, "refuse")
+    watcher = _watcher(scripted_config_server.target, reconnect_backoff_s=(0.05, 0.2)).start(wait=False)
+    try:
+        assert watcher.wait_for(lambda s: s.on_unavailable is OnUnavailable.REFUSE, timeout=WAIT_S)
     finally:
         watcher.close()
