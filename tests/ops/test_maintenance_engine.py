@@ -9,6 +9,7 @@ counts what went. These take a few seconds, so `make mutants` runs them per muta
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from ulid import ULID
 
+from checkpointd.core import telemetry
 from checkpointd.core.checkpoints import Checkpoints, CreateRequest, EngineSettings, RollbackRequest, Scope
 from checkpointd.core.config import (
     RETENTION_MAX_AGE_SECONDS,
@@ -135,10 +137,13 @@ def test_gc_deletes_exactly_what_no_checkpoint_references_and_counts_it(engine: 
     before = engine.stored()
     assert len(only_deleted) >= 5  # the old state, gone.bin, old/, old/deeper/, top.txt, the root
 
+    started = time.monotonic()
     report = engine.maintenance.collect_garbage()
+    elapsed = time.monotonic() - started
 
     after = engine.stored()
     assert before - after == only_deleted
+    assert 0 <= report.duration_seconds <= elapsed
     assert after == engine.referenced()
     assert state_only.state_digest in after
     assert report.deleted_objects == len(only_deleted)
@@ -148,6 +153,23 @@ def test_gc_deletes_exactly_what_no_checkpoint_references_and_counts_it(engine: 
     assert engine.checkpoints.get(kept_id, with_state=True).state  # the kept one still reads
     # Nothing is left to collect: a second run deletes nothing.
     assert engine.maintenance.collect_garbage().deleted_objects == 0
+
+
+def test_a_subtree_two_checkpoints_share_never_hides_the_rest_of_either(engine: Engine) -> None:
+    workspace = engine.workspace()
+    (workspace / "z_shared").mkdir()
+    (workspace / "z_shared" / "same.txt").write_text("in both")
+    (workspace / "a_own" / "deeper").mkdir(parents=True)
+    (workspace / "a_own" / "deeper" / "f.txt").write_text("first")
+    plan_id = str(ULID())
+    engine.create(plan_id, workspace)
+    (workspace / "a_own" / "deeper" / "f.txt").write_text("second")
+    engine.create(plan_id, workspace)
+    before = engine.stored()
+
+    assert engine.maintenance.collect_garbage().deleted_objects == 0
+
+    assert engine.stored() == before == engine.referenced()
 
 
 def test_a_dry_run_collection_reports_the_same_and_deletes_nothing(engine: Engine) -> None:
@@ -199,11 +221,23 @@ def test_retention_prunes_by_each_rule_and_a_plan_override_wins(engine: Engine) 
     engine.config.set(RETENTION_SAFETY_MAX_AGE_SECONDS, 60, plan_id=aged)
     later = datetime.now(UTC) + timedelta(hours=1)
 
-    dry = engine.maintenance.prune(now=later, dry_run=True)
-    assert dry.dry_run and dry.total == 2 + 1 + 1 + 1
-    assert sum(engine.checkpoints.count(p) for p in (counted, aged, overridden)) == 5 + 3 + 4
+    pruned_events: list[tuple[str, int]] = []
 
-    report = engine.maintenance.prune(now=later)
+    class Recorder(telemetry.Sink):
+        def checkpoints_pruned(self, rule: str, count: int) -> None:
+            pruned_events.append((rule, count))
+
+    recorder = Recorder()
+    telemetry.bind(recorder)
+    try:
+        dry = engine.maintenance.prune(now=later, dry_run=True)
+        assert pruned_events == []  # a dry run is not counted as pruning, and deletes nothing
+        assert sum(engine.checkpoints.count(p) for p in (counted, aged, overridden)) == 5 + 3 + 4
+        report = engine.maintenance.prune(now=later)
+    finally:
+        telemetry.unbind(recorder)
+    assert sorted(pruned_events) == [("max_age", 1), ("max_checkpoints_per_plan", 3), ("safety_max_age", 1)]
+    assert dry.dry_run and dry.total == 2 + 1 + 1 + 1
 
     assert report.pruned == {Rule.MAX_CHECKPOINTS: 3, Rule.MAX_AGE: 1, Rule.SAFETY_MAX_AGE: 1}
     assert sorted(report.checkpoint_ids) == sorted(dry.checkpoint_ids)
