@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from ulid import ULID
 
+from checkpointd.core import retention as retention_module
 from checkpointd.core import telemetry
 from checkpointd.core.checkpoints import Checkpoints, CreateRequest, EngineSettings, RollbackRequest, Scope
 from checkpointd.core.config import (
@@ -26,7 +27,8 @@ from checkpointd.core.config import (
     ConfigStore,
 )
 from checkpointd.core.db import Database
-from checkpointd.core.db_store import open_store
+from checkpointd.core.db_store import DatabaseStore, open_store
+from checkpointd.core.faults import Point
 from checkpointd.core.retention import Candidate, GcAborted, Maintenance, Policy, Rule, select_prunable
 from checkpointd.core.tree import EntryKind
 
@@ -170,6 +172,39 @@ def test_a_subtree_two_checkpoints_share_never_hides_the_rest_of_either(engine: 
     assert engine.maintenance.collect_garbage().deleted_objects == 0
 
     assert engine.stored() == before == engine.referenced()
+
+
+def test_every_unreferenced_object_is_counted_however_many_there_are(engine: Engine) -> None:
+    with engine.store.batch() as batch:
+        for _ in range(1001):  # more than one chunk of the database store's size query
+            batch.put_bytes(os.urandom(100))
+
+    report = engine.maintenance.collect_garbage()
+
+    assert (report.deleted_objects, report.reclaimed_bytes) == (1001, 1001 * 100)
+    assert engine.stored() == set() and report.store_objects == 0
+    if isinstance(engine.store, DatabaseStore):
+        assert report.store_bytes == 0
+
+
+def test_a_checkpoint_committed_while_gc_runs_keeps_what_it_references(engine: Engine, monkeypatch) -> None:
+    workspace = engine.workspace()
+    (workspace / "dir").mkdir()
+    (workspace / "dir" / "content.txt").write_text("referenced again by a checkpoint made during the GC")
+    engine.create(str(ULID()), state=b"another plan's checkpoint, listed first" * 100)
+    plan_id = str(ULID())
+    engine.checkpoints.delete(engine.create(plan_id, workspace).checkpoint_id)
+    made: list = []
+
+    def checkpoint_meanwhile(point: Point) -> None:
+        if point is Point.GC_LISTED:  # the candidates are listed; nothing is deleted yet
+            made.append(engine.create(plan_id, workspace))
+
+    monkeypatch.setattr(retention_module, "crash_point", checkpoint_meanwhile)
+    report = engine.maintenance.collect_garbage()
+
+    assert made and report.deleted_objects == 0
+    assert _referenced_by(engine, made[0]) <= engine.stored()
 
 
 def test_a_dry_run_collection_reports_the_same_and_deletes_nothing(engine: Engine) -> None:
