@@ -283,6 +283,17 @@ def test_retention_prunes_by_each_rule_and_a_plan_override_wins(engine: Engine) 
     assert engine.maintenance.prune(now=later).total == 0
 
 
+def test_a_global_rule_alone_prunes_every_plan(engine: Engine) -> None:
+    plans = [str(ULID()) for _ in range(2)]
+    for plan_id in plans:
+        for n in range(3):
+            engine.create(plan_id, state=f"{plan_id} {n}".encode() * 100)
+    engine.config.set(RETENTION_MAX_CHECKPOINTS, 1)
+
+    assert engine.maintenance.prune().pruned[Rule.MAX_CHECKPOINTS] == 4
+    assert [engine.checkpoints.count(p) for p in plans] == [1, 1]
+
+
 def test_only_plans_with_an_override_are_pruned_when_no_global_rule_is_set(engine: Engine) -> None:
     free, limited = str(ULID()), str(ULID())
     for plan_id in (free, limited):
