@@ -289,3 +289,24 @@ def _listing_after(root: Path, race: str) -> dict[str, tuple]:
             (scratch / path.name).chmod(stat.S_IMODE((root / path.name).stat().st_mode))
     RACES[race](scratch)
     return _listing(scratch)
+
+
+def test_a_file_written_into_a_directory_the_rollback_removes_keeps_that_directory(plan: Plan, monkeypatch) -> None:
+    root = plan.root
+    (root / "kept.txt").write_text("v1")
+    target = plan.checkpoint()
+    (root / "newdir").mkdir()
+    (root / "newdir" / "a.txt").write_text("added after the target")
+    (root / "kept.txt").write_text("v2")
+
+    def racing_write(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE and not (root / "newdir" / "racing.txt").exists():
+            (root / "newdir" / "racing.txt").write_text("written during the rollback")
+
+    monkeypatch.setattr(restore_module, "crash_point", racing_write)
+    plan.rollback(target)
+
+    # Nothing was lost: the rollback removed what it accounted for and left the directory holding the write.
+    assert set(_listing(root)) == {"kept.txt", "newdir", "newdir/racing.txt"}
+    assert (root / "kept.txt").read_text() == "v1"
+    assert (root / "newdir" / "racing.txt").read_text() == "written during the rollback"
