@@ -196,5 +196,68 @@ for (const transport of ['tcp', 'unix']) {
       const left = await client.listCheckpoints(planId);
       assert.deepEqual(left.checkpoints.map((c) => c.checkpointId), [second.checkpointId]);
     });
+
+    test('pending writes: first regular value kept, last special one, in order, gone with the checkpoint', async () => {
+      const planId = newUlid();
+      const { checkpointId } = await client.createCheckpoint(planId);
+      const write = (taskId, index, channel, value) => ({ taskId, index, channel, valueType: 'text',
+        value: Buffer.from(value), taskPath: '' });
+      await client.putPendingWrites(checkpointId, [write('t', 0, 'a', 'first'), write('t', -1, '__error__', 'e1')]);
+      await client.putPendingWrites(checkpointId, [write('t', 0, 'a', 'second'), write('t', -1, '__error__', 'e2')]);
+      const listed = await client.listPendingWrites(checkpointId);
+      assert.deepEqual(listed.map((w) => [w.index, w.channel, Buffer.from(w.value).toString()]),
+        [[-1, '__error__', 'e2'], [0, 'a', 'first']]);
+      await client.deleteCheckpoints({ planId });
+      await assert.rejects(client.listPendingWrites(checkpointId), (error) => error.reason === 'CHECKPOINT_NOT_FOUND');
+    });
+
+    test('deleteCheckpoints deletes what a label filter selects across plans, and nothing else', async () => {
+      const run = newUlid();
+      const [one, two] = [newUlid(), newUlid()];
+      const doomed = [await client.createCheckpoint(one, { labels: { run } }),
+        await client.createCheckpoint(two, { labels: { run } })];
+      const kept = await client.createCheckpoint(one);
+      const deleted = await client.deleteCheckpoints({ filter: `labels.run = "${run}"` });
+      assert.deepEqual(deleted.map((c) => c.checkpointId).sort(), doomed.map((c) => c.checkpointId).sort());
+      assert.deepEqual((await client.listCheckpoints(one)).checkpoints.map((c) => c.checkpointId), [kept.checkpointId]);
+      assert.deepEqual((await client.listCheckpoints(two)).checkpoints, []);
+    });
   });
 }
+
+describe('plans, file contents and text diffs', () => {
+  let client;
+  before(() => {
+    client = new CheckpointdClient(server.tcpTarget);
+  });
+  after(() => client.close());
+
+  test('listPlans and getPlan find a plan by its workspace', async () => {
+    const workspace = server.newWorkspace();
+    write(workspace, 'a.txt', 'one\n');
+    const planId = newUlid();
+    const first = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+    const plan = await client.getPlan(planId);
+    assert.equal(plan.workspaceRoot, workspace);
+    assert.equal(plan.checkpointCount, 1);
+    assert.equal(plan.newestCheckpointId, first.checkpointId);
+    assert.ok(plan.updateTime instanceof Date);
+    const found = [];
+    for await (const p of client.iteratePlans({ filter: `workspace_root = "${workspace}"`, pageSize: 1 })) found.push(p.planId);
+    assert.deepEqual(found, [planId]);
+    await assert.rejects(client.getPlan(newUlid()), (error) => error.reason === 'PLAN_NOT_FOUND');
+  });
+
+  test('readFile returns the bytes as they were; a text diff shows the lines', async () => {
+    const workspace = server.newWorkspace();
+    write(workspace, 'a.txt', 'one\ntwo\n');
+    const planId = newUlid();
+    const base = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+    write(workspace, 'a.txt', 'one\n2\n');
+    assert.equal((await client.readFile(base.checkpointId, 'a.txt')).toString(), 'one\ntwo\n');
+    await assert.rejects(client.readFile(base.checkpointId, 'missing'), (error) => error.reason === 'PATH_NOT_FOUND');
+    const [change] = await client.diffCheckpoints(base.checkpointId, { textDiffs: true });
+    assert.equal(change.textDiffStatus, 'text');
+    assert.equal(change.textDiff, '--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n');
+  });
+});

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from typing import TypeVar
 
@@ -13,6 +14,9 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
 from checkpointd.core.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
+from checkpointd.core.contents import Contents
+from checkpointd.core.pending_writes import PendingWrite
+from checkpointd.core.plans import Plans
 
 T = TypeVar("T")
 
@@ -20,6 +24,8 @@ T = TypeVar("T")
 class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def __init__(self, checkpoints: Checkpoints) -> None:
         self.checkpoints = checkpoints
+        self.plans = Plans(checkpoints.db, checkpoints.page_tokens)
+        self.contents = Contents(checkpoints.db, checkpoints.store, checkpoints.trees)
 
     def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
         created = self.checkpoints.create(_create_request(request))
@@ -41,7 +47,9 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
         changes = self.checkpoints.diff(request.base_checkpoint_id, request.target_checkpoint_id,
                                         convert.request_paths(request.paths, request.raw_paths))
-        return pb.DiffCheckpointsResponse(changes=[convert.change(c) for c in changes])
+        texts = (self.contents.text_diffs(request.base_checkpoint_id, request.target_checkpoint_id, changes)
+                 if request.text_diffs else {})
+        return pb.DiffCheckpointsResponse(changes=[convert.change(c, texts.get(c.path)) for c in changes])
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
         scope = convert.from_proto_enum(convert.SCOPES, request.scope, "scope") or Scope.FILES_AND_STATE
@@ -53,26 +61,106 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             dry_run=request.dry_run,
             request_id=request.request_id,
             current_state=request.current_state,
+            allow_nested_workspaces=request.allow_nested_workspaces,
         ))
         response = pb.RollbackResponse(changes=[convert.change(c) for c in result.changes], state=result.state,
-                                       dry_run=result.dry_run)
+                                       dry_run=result.dry_run,
+                                       nested_workspaces=[convert.nested_workspace(n) for n in result.nested])
         if result.safety is not None:
             response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
         return response
+
+    def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.ServicerContext):
+        deleted = self.checkpoints.delete_matching(request.plan_id, request.filter)
+        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
+
+    def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.ServicerContext):
+        self.checkpoints.put_pending_writes(request.checkpoint_id, [
+            PendingWrite(w.task_id, w.index, w.channel, w.value_type, w.value, w.task_path) for w in request.writes])
+        return pb.PutPendingWritesResponse()
+
+    def ListPendingWrites(self, request: pb.ListPendingWritesRequest, context: grpc.ServicerContext):
+        return pb.ListPendingWritesResponse(writes=[
+            pb.PendingWrite(task_id=w.task_id, index=w.index, channel=w.channel, value_type=w.value_type,
+                            value=w.value, task_path=w.task_path)
+            for w in self.checkpoints.pending_writes(request.checkpoint_id)])
+
+    def ListPlans(self, request: pb.ListPlansRequest, context: grpc.ServicerContext):
+        found, token = self.plans.list(request.page_size, request.page_token, request.filter)
+        return pb.ListPlansResponse(plans=[convert.plan(p) for p in found], next_page_token=token)
+
+    def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext):
+        return pb.GetPlanResponse(plan=convert.plan(self.plans.get(request.plan_id)))
+
+    def _file_chunks(self, request: pb.ReadCheckpointFileRequest) -> Iterator[pb.ReadCheckpointFileResponse]:
+        """Looks the file up at once (errors fail the call); the chunks come as iterated."""
+        path = convert.request_paths((), (request.raw_path,))[0] if request.raw_path else request.path
+        entry, chunks = self.contents.open_file(request.checkpoint_id, path)
+        first = pb.ReadCheckpointFileResponse(entry_type=convert.ENTRY_TYPES[entry.kind], size_bytes=entry.size,
+                                              mode=entry.mode)
+
+        def stream() -> Iterator[pb.ReadCheckpointFileResponse]:
+            first.data = next(chunks, b"")
+            yield first
+            for chunk in chunks:
+                yield pb.ReadCheckpointFileResponse(data=chunk)
+
+        return stream()
+
+    def _archive_chunks(self, request: pb.ExportCheckpointRequest) -> Iterator[pb.ExportCheckpointResponse]:
+        archive = self.contents.export(request.checkpoint_id)
+        return (pb.ExportCheckpointResponse(data=chunk) for chunk in _coalesce(archive))
+
+    def ReadCheckpointFile(self, request: pb.ReadCheckpointFileRequest, context: grpc.ServicerContext):
+        yield from self._file_chunks(request)
+
+    def ExportCheckpoint(self, request: pb.ExportCheckpointRequest, context: grpc.ServicerContext):
+        yield from self._archive_chunks(request)
+
+
+def _coalesce(pieces: Iterator[bytes], size: int = 64 * 1024) -> Iterator[bytes]:
+    """Small pieces (tar headers, padding) joined into messages of up to ``size`` bytes."""
+    pending = bytearray()
+    for piece in pieces:
+        if len(pending) + len(piece) > size and pending:
+            yield bytes(pending)
+            pending.clear()
+        pending += piece
+        while len(pending) >= size:
+            yield bytes(pending[:size])
+            del pending[:size]
+    if pending:
+        yield bytes(pending)
 
 
 class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
     create is served on the event loop, see ``Checkpoints.create_async``). The other methods that
     take a plan's lock run in ``executor`` without waiting there for a busy plan (``PlanLocks.run``);
-    Get and List are plain functions, which the server runs in ``executor``."""
+    Get and List (and the pending writes' two calls, which touch no workspace) are plain
+    functions, which the server runs in ``executor``.
 
-    def __init__(self, checkpoints: Checkpoints, executor: Executor) -> None:
+    Those plan calls (which may read a workspace, and so hang on it) take at most ``plan_threads``
+    of the executor's threads at once; more wait for one on the loop. Stuck captures can so never
+    take the threads that Get, List and the config service need."""
+
+    def __init__(self, checkpoints: Checkpoints, executor: Executor, plan_threads: int) -> None:
         super().__init__(checkpoints)
         self.executor = executor
+        self._plan_threads = asyncio.Semaphore(plan_threads)
 
-    def _in_thread(self, function: Callable[..., T], *arguments: object) -> Awaitable[T]:
-        return asyncio.get_running_loop().run_in_executor(self.executor, function, *arguments)
+    async def _in_thread(self, function: Callable[..., T], *arguments: object) -> T:
+        """``function`` in one of the plan calls' threads. The thread is counted until the
+        function returns, also when the caller gave up on it (a stuck capture keeps its thread)."""
+        await self._plan_threads.acquire()
+        loop = asyncio.get_running_loop()
+        try:
+            running = self.executor.submit(function, *arguments)
+        except BaseException:
+            self._plan_threads.release()
+            raise
+        running.add_done_callback(lambda _done: _call_soon(loop, self._plan_threads.release))
+        return await asyncio.wrap_future(running)
 
     def _for_plan(self, function: Callable[..., T], *arguments: object, plan_id: str = "") -> Awaitable[T]:
         return self.checkpoints.plan_locks.run(self._in_thread, function, *arguments, plan_id=plan_id)
@@ -89,6 +177,30 @@ class AsyncCheckpointServicer(CheckpointServicer):
 
     async def Rollback(self, request: pb.RollbackRequest, context: grpc.aio.ServicerContext):
         return await self._for_plan(super().Rollback, request, context, plan_id=request.plan_id)
+
+    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+        """Yields ``make()``'s items, each read in ``executor``: no thread waits on a slow reader."""
+        items = await self._in_thread(make)
+        done = object()
+        while (item := await self._in_thread(next, items, done)) is not done:
+            yield item
+
+    async def ReadCheckpointFile(self, request: pb.ReadCheckpointFileRequest, context: grpc.aio.ServicerContext):
+        async for response in self._stream(lambda: self._file_chunks(request)):
+            yield response
+
+    async def ExportCheckpoint(self, request: pb.ExportCheckpointRequest, context: grpc.aio.ServicerContext):
+        async for response in self._stream(lambda: self._archive_chunks(request)):
+            yield response
+    async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
+        # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
+        return await self._in_thread(super().DeleteCheckpoints, request, context)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """``callback`` on ``loop`` from any thread; nothing once the loop is closed (the server stopped)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
 
 
 def _create_request(request: pb.CreateCheckpointRequest) -> CreateRequest:

@@ -44,7 +44,7 @@ from checkpointd.core.errors import (
     ResourceExhausted,
 )
 from checkpointd.core.faults import Point, crash_point, may_stall
-from checkpointd.core.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
 from checkpointd.core.index import Indexed, StatIndex
 from checkpointd.core.journal import (
     LEGACY_DIRECTORY,
@@ -56,6 +56,7 @@ from checkpointd.core.journal import (
     remove_legacy_directory,
 )
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, RollbackJournalRow, utcnow
+from checkpointd.core.nesting import NestedWorkspace, nested_workspaces, refusal
 from checkpointd.core.planlocks import PlanLocks
 from checkpointd.core.restore import ApplyInterrupted, Restorer, holds
 from checkpointd.core.server_secrets import PAGE_TOKEN_KEY, shared_secret
@@ -106,6 +107,8 @@ class RollbackRequest:
     dry_run: bool = False
     request_id: str = ""
     current_state: bytes = b""
+    #: Let the changes reach into another plan's workspace (see ``nesting``).
+    allow_nested_workspaces: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +219,8 @@ class RollbackResult:
     state: bytes
     safety: Checkpoint | None
     dry_run: bool
+    #: Other plans' workspaces the changes reach into (allowed by the request).
+    nested: list[NestedWorkspace] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -698,6 +703,23 @@ class Checkpoints:
             session.delete(row)
             session.commit()
 
+    def put_pending_writes(self, checkpoint_id: str, writes: list) -> None:
+        """Records writes that follow a checkpoint (see ``pending_writes``)."""
+        from checkpointd.core import pending_writes
+
+        pending_writes.put(self.db, checkpoint_id, writes)
+
+    def pending_writes(self, checkpoint_id: str) -> list:
+        from checkpointd.core import pending_writes
+
+        return pending_writes.list_for(self.db, checkpoint_id)
+
+    def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
+        """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
+        from checkpointd.core.bulk_delete import delete_matching
+
+        return delete_matching(self, plan_id, filter_text)
+
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
         target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
@@ -747,7 +769,7 @@ class Checkpoints:
     def _target_rules(self, row: CheckpointRow) -> IgnoreRules:
         def load(directory: str) -> bytes | None:
             entry = self.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
-            if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
+            if entry is None or entry.kind is not EntryKind.FILE or entry.size > MAX_GITIGNORE_BYTES:
                 return None
             return self.store.read_bytes(entry.digest)
 
@@ -770,6 +792,8 @@ class Checkpoints:
         request_id = validation.request_id(req.request_id)
         fingerprint = _fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value, paths=subset,
                                    dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest())
+        if req.allow_nested_workspaces:  # folded in only when set: request_ids recorded before it keep matching
+            fingerprint = _fingerprint(rollback=fingerprint, allow_nested_workspaces=True)
         with self._plan_lock(plan_id), self.store.referencing():
             leftover = self._take_over(plan_id)
             with self.db.session() as session:
@@ -802,9 +826,12 @@ class Checkpoints:
             capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
             if capture is not None and restore_files:
                 changes = self._plan_restore(plan.workspace_root, capture, target, subset, batch)
+            nested = nested_workspaces(session, self.trees, plan_id, plan.workspace_root, changes)
+            if nested and not req.allow_nested_workspaces:
+                raise refusal(plan_id, nested)  # the batch is dropped on the way out
             if req.dry_run:
                 batch.abort()
-                return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True)
+                return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True, nested)
             state_digest, state_size = self._safety_state(session, plan_id, req.current_state, batch)
         seen = self._seen(plan.workspace_root, changes)
         crash_point(Point.ROLLBACK_PLANNED)
@@ -840,7 +867,8 @@ class Checkpoints:
         crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
         if entry is not None:
             self._apply_journaled(entry, changes, seen)
-        return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety), False)
+        return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety), False,
+                              nested)
 
     def _plan_restore(self, root: str, capture: CaptureResult, goal: CheckpointRow, subset: tuple[str, ...],
                       batch: Batch, written: tuple[tuple[str, Entry | None], ...] | None = None) -> list[Change]:
@@ -1001,7 +1029,7 @@ class Checkpoints:
                 session.commit()
                 self.capturer.record(plan.workspace_root, capture.tree)
             if changes:
-                self.restorer.apply(workspace, changes, seen)
+                self.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE)
         crash_point(Point.ROLLBACK_APPLIED)
         self.journal.remove(entry.plan_id)
 
