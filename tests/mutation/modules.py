@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            reports = list(pool.map(lambda m: run_module(m, parent, cosmic_ray, lock, args.count, args.sample), modules))
+            reports = list(pool.map(
+                lambda m: run_module(m, parent, cosmic_ray, lock, args.count, args.sample), modules))
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     if args.count:
