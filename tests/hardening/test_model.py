@@ -3,7 +3,10 @@ SQLite and the disk store, or two replicas on one PostgreSQL database with `--st
 random workspace edits and calls, and checks every step against a model of what each
 acknowledged checkpoint must hold.
 
-Rules (tests/hardening/model_machine.py): workspace edits (write, append, delete, rename, mkdir,
+Each example restarts a server with a kill -9 and a race armed (``arm``), then runs
+``random_steps(seed)`` rules, eight steps each chosen by a seeded random.Random (hypothesis's own
+choice among many rules repeats one for long stretches when it runs as few examples as real servers
+allow). The steps (tests/hardening/model_machine.py): workspace edits (write, append, delete, rename, mkdir,
 chmod with setuid/setgid/sticky, symlinks, hard links inside the workspace and to files outside
 it written through their outside name, type flips, .gitignore edits, same-size same-mtime
 rewrites, files over the size limit); CreateCheckpoint (some pinned), DiffCheckpoints against the
@@ -15,14 +18,16 @@ and a tool writing while a rollback is paused before its first change.
 
 The model (tests/hardening/model_workspace.py): for every acknowledged checkpoint, the exact tree
 (bytes, modes, link texts, types) on disk at acknowledgement, less what the README says a capture
-leaves out (its .gitignore's patterns, files over core.snapshot.max_file_size_bytes, which
-must be listed in skipped_files). After every step: health answers, the integrity check
-(AdminService/CheckIntegrity, `checkpointd fsck`) is clean with no unfinished rollback, no call got
-INTERNAL or UNKNOWN, and every acknowledged checkpoint diffed against the newest gives exactly the
-model's diff (paths, kinds, types, sizes, modes; content through MODIFIED). A rollback must leave
-exactly what the model predicts (or, where the model allows it, ROLLBACK_CONFLICT with nothing
-changed); a write racing it is never lost; when each example ends, every acknowledged checkpoint
-is rolled back to and compared byte for byte.
+leaves out (its .gitignore's patterns, files over core.snapshot.max_file_size_bytes, which must be
+listed in skipped_files). After every step: health answers, no call got INTERNAL or UNKNOWN, and
+every acknowledged checkpoint diffed against the newest gives exactly the model's diff (paths,
+kinds, types, sizes, modes; content through MODIFIED). After every eight steps, and offline around
+every collection, the integrity check (`checkpointd fsck`, AdminService/CheckIntegrity: it reads
+the whole store) is clean with no unfinished rollback. A rollback must leave exactly what the model
+predicts (or, where the model allows it, ROLLBACK_CONFLICT with nothing changed); a write racing it
+is on disk after it (or, when the rollback was killed, in the safety checkpoint its recovery
+records first). When each example ends, after a collection, every acknowledged checkpoint is
+rolled back to and compared byte for byte.
 
 Seeded and replayable. The seed is CHECKPOINTD_MODEL_SEED (a fixed default, so CI runs the same
 examples every time); a failure prints the steps of the failing example and a
@@ -97,14 +102,14 @@ def two_replicas(short_tmp: Path, postgres):
 
 
 def test_model_single_server(single_server) -> None:
-    run_machine(single_server, examples=3, steps=10, restart_budget=2)
+    run_machine(single_server, examples=2, steps=6, restart_budget=2)
 
 
 @pytest.mark.postgres
 def test_model_two_replicas_on_postgresql(two_replicas) -> None:
-    run_machine(two_replicas, examples=2, steps=10, restart_budget=2)
+    run_machine(two_replicas, examples=2, steps=5, restart_budget=2)
 
 
 @pytest.mark.slow
 def test_model_single_server_long(single_server) -> None:
-    run_machine(single_server, examples=8, steps=25, restart_budget=5)
+    run_machine(single_server, examples=8, steps=12, restart_budget=4)
