@@ -44,7 +44,7 @@ from checkpointd.core.errors import (
     ResourceExhausted,
 )
 from checkpointd.core.faults import Point, crash_point, may_stall
-from checkpointd.core.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
 from checkpointd.core.index import Indexed, StatIndex
 from checkpointd.core.journal import (
     LEGACY_DIRECTORY,
@@ -698,6 +698,23 @@ class Checkpoints:
             session.delete(row)
             session.commit()
 
+    def put_pending_writes(self, checkpoint_id: str, writes: list) -> None:
+        """Records writes that follow a checkpoint (see ``pending_writes``)."""
+        from checkpointd.core import pending_writes
+
+        pending_writes.put(self.db, checkpoint_id, writes)
+
+    def pending_writes(self, checkpoint_id: str) -> list:
+        from checkpointd.core import pending_writes
+
+        return pending_writes.list_for(self.db, checkpoint_id)
+
+    def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
+        """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
+        from checkpointd.core.bulk_delete import delete_matching
+
+        return delete_matching(self, plan_id, filter_text)
+
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
         target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
@@ -747,7 +764,7 @@ class Checkpoints:
     def _target_rules(self, row: CheckpointRow) -> IgnoreRules:
         def load(directory: str) -> bytes | None:
             entry = self.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
-            if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
+            if entry is None or entry.kind is not EntryKind.FILE or entry.size > MAX_GITIGNORE_BYTES:
                 return None
             return self.store.read_bytes(entry.digest)
 
@@ -1001,7 +1018,7 @@ class Checkpoints:
                 session.commit()
                 self.capturer.record(plan.workspace_root, capture.tree)
             if changes:
-                self.restorer.apply(workspace, changes, seen)
+                self.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE)
         crash_point(Point.ROLLBACK_APPLIED)
         self.journal.remove(entry.plan_id)
 

@@ -14,9 +14,10 @@ and renamed from the staging directory to their final names. A caller commits me
 that references objects only after ``Batch.commit`` returns.
 
 A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
-``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta,
-``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
-open, records past it are verified and a torn tail is cut off.
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``Y`` a delta
+(zstd), ``X`` a zlib delta (written before zstd deltas, still read), ``D`` a deletion (no body).
+Each pack's header carries the length known to be durable; on open, records past it are
+verified and a torn tail is cut off.
 
 Packs are replayed in order on open, the last record of a digest winning and a deletion
 (tombstone) ending every record of it before. A compaction that removes a pack therefore
@@ -32,7 +33,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import functools
 import hashlib
+import itertools
 import logging
 import os
 import struct
@@ -55,21 +58,30 @@ log = logging.getLogger("checkpointd.store")
 
 #: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
 #: processes share (see ``readworker``).
+#: A delta as servers before zstd deltas wrote it (zlib: the base's last 32 KiB as dictionary).
 _DELTA = b"X"
+#: A delta: zstd with the whole base as its dictionary.
+_ZSTD_DELTA = b"Y"
+_DELTAS = (_DELTA, _ZSTD_DELTA)
 _DELETED = b"D"
-_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _DELETED)
-#: A delta is zlib with the content of another object (its base) as preset dictionary:
-#: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
-#: directory node is stored against the previous one; chains stay short to bound reads.
+_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _ZSTD_DELTA, _DELETED)
+#: A delta is an object compressed with the content of another object (its base) as
+#: dictionary: ``base digest (32 bytes) | depth (1) | stream``, the stream zstd with all of the
+#: base as a raw-content dictionary (kind ``Y``), or, written before, zlib with the base's last
+#: 32 KiB (kind ``X``: zlib looks back no further, so a change near the top of a file over 32
+#: KiB cost a whole copy, and level-1 zlib deltas of small files were about 1.8x zstd's). A new
+#: version of a file or of a directory node is stored against the previous one; chains stay
+#: short to bound reads.
 _DELTA_HEADER = struct.Struct(">32sB")
-MAX_DELTA_DEPTH = 8
-#: zlib looks back 32 KiB at most: beyond that a base helps little.
-_DELTA_LIMIT = 64 << 10
+MAX_DELTA_DEPTH = 16
+_ZSTD_DELTA_LEVEL = 3
 _CHUNK = 1 << 20
 
-#: Packs that may hold zstd records. A server from before zstd refuses such a pack as "not a
-#: pack" rather than taking its first zstd record for a torn tail and cutting the rest off.
-_PACK_MAGIC = b"CKPTPAK2"
+#: Packs that may hold zstd deltas. A server from before them refuses such a pack as "not a
+#: pack" rather than taking its first such record for a torn tail and cutting the rest off.
+_PACK_MAGIC = b"CKPTPAK3"
+#: Packs written before zstd deltas (no ``Y`` records): read, never appended to.
+_PACK_MAGIC_ZSTD = b"CKPTPAK2"
 #: Packs written before zstd (raw and zlib records only): read, never appended to.
 _PACK_MAGIC_ZLIB = b"CKPTPAK1"
 _PACK_HEADER = struct.Struct(">8sQ")
@@ -94,12 +106,16 @@ _BODY_ERRORS = (zlib.error, zstandard.ZstdError)
 _decompressors = threading.local()
 
 
-def _zstd_decompress(body: bytes) -> bytes:
-    """A zstd record's content. Only objects up to COMPRESS_LIMIT are packed: a frame that says
-    it holds more is corrupt, and is not given the memory it asks for."""
+def _zstd_decompress(body: bytes, base: bytes | None = None) -> bytes:
+    """A zstd record's content (``base``: a zstd delta's, its dictionary). Only objects up to
+    COMPRESS_LIMIT are packed: a frame that says it holds more is corrupt, and is not given the
+    memory it asks for."""
     size = zstandard.frame_content_size(body)
     if not 0 <= size <= COMPRESS_LIMIT:
         raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+    if base is not None:
+        dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(body, max_output_size=COMPRESS_LIMIT)
     decompressor = getattr(_decompressors, "decompressor", None)
     if decompressor is None:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
@@ -135,48 +151,85 @@ def _fsync_dir(path: Path) -> None:
 
 
 class SharedExclusiveLock:
-    """Many holders of the shared side, or one of the exclusive side (writers first)."""
+    """Many holders of the shared side, or one of the exclusive side (writers first, or, with a
+    patience, as long as no shared holder looks stuck)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._shared = 0
+        #: Shared holders: token -> when it entered (monotonic seconds).
+        self._holders: dict[int, float] = {}
+        self._tokens = itertools.count()
         self._exclusive = False
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         with self._cond:
             self._cond.wait_for(lambda: not self._exclusive)
-            self._shared += 1
+            token = self._enter()
         try:
             yield
         finally:
-            self._release_shared()
+            self._release_shared(token)
 
     def try_shared(self) -> Callable[[], None] | None:
         """The shared side if it can be had without waiting: its release, else None."""
         with self._cond:
             if self._exclusive:
                 return None
-            self._shared += 1
-        return self._release_shared
+            token = self._enter()
+        return functools.partial(self._release_shared, token)
 
-    def _release_shared(self) -> None:
+    def _enter(self) -> int:
+        token = next(self._tokens)
+        self._holders[token] = time.monotonic()
+        return token
+
+    def _release_shared(self, token: int) -> None:
         with self._cond:
-            self._shared -= 1
+            del self._holders[token]
             self._cond.notify_all()
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, patience: float | None = None) -> Iterator[None]:
+        """Without ``patience``, waits as long as the shared holders take, holding back new ones.
+        With it, raises ``Postponed`` rather than wait on a holder that looks stuck (see ``_take``)."""
         with self._cond:
             self._cond.wait_for(lambda: not self._exclusive)
-            self._exclusive = True
-            self._cond.wait_for(lambda: self._shared == 0)
+            if patience is None:
+                self._exclusive = True
+                self._cond.wait_for(lambda: not self._holders)
+            elif not self._take(patience):
+                raise Postponed(f"a holder of the shared side has held it for over {patience:g}s")
         try:
             yield
         finally:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+    def _take(self, patience: float) -> bool:
+        """Called with ``_cond`` held. First waits up to ``patience`` for a moment with no shared
+        holder, holding back no one; then holds back new holders while the present ones finish,
+        unless one of them has held the lock for ``patience`` already (it entered before the wait
+        began and may never leave), and gives up once one has. New holders are so held back for
+        less than ``patience``, and never behind a holder that was stuck when this began."""
+        if self._cond.wait_for(lambda: not self._holders, timeout=patience):
+            self._exclusive = True
+            return True
+        self._exclusive = True
+        while self._holders:
+            stuck_at = min(self._holders.values()) + patience
+            remaining = stuck_at - time.monotonic()
+            if remaining <= 0:
+                self._exclusive = False
+                self._cond.notify_all()
+                return False
+            self._cond.wait(remaining)
+        return True
+
+
+class Postponed(RuntimeError):
+    """The exclusive side was not taken within its patience: a shared holder may be stuck."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +262,7 @@ class _Recovery:
     superseded: dict[str, list[_Location]] = field(default_factory=dict)
 
     def record(self, digest: str, location: _Location, previous: _Location | None) -> None:
-        if location.kind != _DELTA:
+        if location.kind not in _DELTAS:
             self.superseded.pop(digest, None)
         elif previous is not None:
             self.superseded.setdefault(digest, []).append(previous)
@@ -224,7 +277,7 @@ class _Pack:
         self.fd = fd
         self.size = size
         self.durable = durable
-        #: False for a pack from before zstd records (see _PACK_MAGIC_ZLIB).
+        #: False for a pack from before zstd deltas (see _PACK_MAGIC_ZSTD).
         self.appendable = True
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -322,9 +375,11 @@ class ContentStore:
         garbage collection holds the store."""
         return self._gc_fence.try_shared()
 
-    def collecting(self) -> contextlib.AbstractContextManager[None]:
-        """Held by garbage collection: no checkpoint is between its objects and its row."""
-        return self._gc_fence.exclusive()
+    def collecting(self, patience: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Held by garbage collection: no checkpoint is between its objects and its row. With a
+        ``patience``, ``Postponed`` rather than wait on (and hold every other capture back behind)
+        a capture that has held ``referencing`` that long (see ``SharedExclusiveLock._take``)."""
+        return self._gc_fence.exclusive(patience)
 
     def _clear_staging(self) -> None:
         """Leftovers of an interrupted batch were never referenced; drop them."""
@@ -371,12 +426,12 @@ class ContentStore:
         first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
         size = os.fstat(pack.fd).st_size
         magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
-        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
+        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZSTD, _PACK_MAGIC_ZLIB):
             raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
         pack.appendable = magic == _PACK_MAGIC
         end = _PACK_HEADER.size
         for digest, kind, body_at, length in self._records(pack, size):
-            if kind == _DELTA:
+            if kind in _DELTAS:
                 if length < _DELTA_HEADER.size:
                     break
                 raw_base, depth = _DELTA_HEADER.unpack(os.pread(pack.fd, _DELTA_HEADER.size, body_at))
@@ -384,7 +439,7 @@ class ContentStore:
             else:
                 location = _Location(pack, body_at, length, kind)
             if body_at + length > durable_hint and kind != _DELETED:
-                if kind == _DELTA:
+                if kind in _DELTAS:
                     # Its base may be in a later pack (moved by a compaction): checked once all are read.
                     recovery.unverified.append((digest, location))
                 elif not self._verifies(digest, location):
@@ -396,7 +451,7 @@ class ContentStore:
             recovery.record(digest, location, previous)
             if kind != _DELETED:
                 self._committed[digest] = location
-                if kind == _DELTA:
+                if kind in _DELTAS:
                     self._dependents.setdefault(location.base, set()).add(digest)
         if end != size:
             os.ftruncate(pack.fd, end)
@@ -413,7 +468,7 @@ class ContentStore:
                 log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
                 self._fall_back(digest, recovery)
         resolved: dict[str, bool] = {}
-        for digest in [d for d, location in self._committed.items() if location.kind == _DELTA]:
+        for digest in [d for d, location in self._committed.items() if location.kind in _DELTAS]:
             self._resolves(digest, recovery, resolved)
 
     def _resolves(self, digest: str, recovery: _Recovery, resolved: dict[str, bool]) -> bool:
@@ -429,7 +484,7 @@ class ContentStore:
             if location is None or current in chain:
                 ok = False
                 break
-            if location.kind != _DELTA:
+            if location.kind not in _DELTAS:
                 ok = resolved[current] = True
                 break
             chain[current] = None
@@ -453,7 +508,8 @@ class ContentStore:
             self._committed[digest] = earlier
             if earlier.pack is not None:
                 self._dead[earlier.pack] -= RECORD.size + earlier.length
-            if earlier.kind != _DELTA or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
+            if earlier.kind not in _DELTAS or self._resolves(earlier.base, recovery,
+                                                              {} if resolved is None else resolved):
                 return True
             self._mark_dead(digest, self._committed.pop(digest))
         return False
@@ -479,6 +535,8 @@ class ContentStore:
         if location.kind == _DELTA:
             decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
             return decompressor.decompress(body[_DELTA_HEADER.size:]) + decompressor.flush()
+        if location.kind == _ZSTD_DELTA:
+            return _zstd_decompress(body[_DELTA_HEADER.size:], self.read_bytes(location.base))
         return body
 
     def _writable_pack(self) -> _Pack:
@@ -605,7 +663,7 @@ class ContentStore:
         rewritten: dict[_Pack, int] = {}
         for dependent in self._dependents.pop(base, set()):
             location = self._committed.get(dependent)
-            if location is None or location.kind != _DELTA or location.base != base:
+            if location is None or location.kind not in _DELTAS or location.base != base:
                 continue
             kind, body = pack_body(self.read_bytes(dependent))
             new = self._writable_pack().append(dependent, kind, body)
@@ -651,6 +709,23 @@ class ContentStore:
         _fsync_dir(self.packs_dir)
         log.info("compacted %s: %d live object(s) moved, %d tombstone(s) carried", pack.path.name, len(moved),
                  len(carried))
+
+    def compact_all(self) -> tuple[int, int]:
+        """Repacks: every pack holding a dead record (deleted, superseded, dropped) has its live
+        records moved to a new pack and is removed, the active one included (a new one is started
+        for them). Returns (packs compacted, bytes reclaimed). Call under ``collecting()``; each pack
+        goes as ``_compact`` does, so a crash at any step loses nothing."""
+        with self._pack_lock:
+            dead = [pack for pack in self._packs if self._dead.get(pack, 0) > 0]
+        if not dead:
+            return 0, 0
+        before = sum(pack.size for pack in self._packs)
+        if self._active in dead:
+            self._active.sync_to(self._active.size)
+            self._active = None  # the next append starts a pack: the old active one can be compacted
+        for pack in dead:
+            self._compact(pack)
+        return len(dead), max(0, before - sum(pack.size for pack in self._packs))
 
     def _older_pack_may_hold(self, digest: str, pack: _Pack) -> bool:
         """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""
@@ -698,7 +773,7 @@ class ContentStore:
             if on_disk < indexed:
                 found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
         for digest, location in list(self._committed.items()):
-            if location.kind == _DELTA and location.base not in self._committed:
+            if location.kind in _DELTAS and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
         return found
 
@@ -770,7 +845,7 @@ class Batch:
         if len(data) > COMPRESS_LIMIT:
             self._put_loose(digest, (data,))
             return digest
-        if similar and len(data) <= _DELTA_LIMIT and self._put_delta(digest, data, similar, similar_data):
+        if similar and self._put_delta(digest, data, similar, similar_data):
             return digest
         kind, body = pack_body(data)
         self._publish(digest, self.store._writable_pack().append(digest, kind, body))
@@ -798,14 +873,15 @@ class Batch:
                 base_data = self.store.read_bytes(base)
         except DataLoss:
             return False
-        compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
-        delta = compressor.compress(data) + compressor.flush()
+        dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        delta = zstandard.ZstdCompressor(level=_ZSTD_DELTA_LEVEL, dict_data=dictionary,
+                                         write_content_size=True).compress(data)
         # Worth it only when clearly smaller than the object compressed on its own would be.
         if len(delta) * 4 > len(data):
             return False
         depth = location.depth + 1
         body = _DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
-        self._publish(digest, self.store._writable_pack().append(digest, _DELTA, body, base, depth))
+        self._publish(digest, self.store._writable_pack().append(digest, _ZSTD_DELTA, body, base, depth))
         return True
 
     def _stage(self) -> tuple[int, Path]:
@@ -873,7 +949,7 @@ class Batch:
                 committed[digest] = loose
             else:
                 committed[digest] = location
-                if location.kind == _DELTA:
+                if location.kind in _DELTAS:
                     self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)
