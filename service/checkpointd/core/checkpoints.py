@@ -56,6 +56,7 @@ from checkpointd.core.journal import (
     remove_legacy_directory,
 )
 from checkpointd.core.models import CheckpointRow, OperationRow, PlanRow, RollbackJournalRow, utcnow
+from checkpointd.core.nesting import NestedWorkspace, nested_workspaces, refusal
 from checkpointd.core.planlocks import PlanLocks
 from checkpointd.core.restore import ApplyInterrupted, Restorer, holds
 from checkpointd.core.server_secrets import PAGE_TOKEN_KEY, shared_secret
@@ -106,6 +107,8 @@ class RollbackRequest:
     dry_run: bool = False
     request_id: str = ""
     current_state: bytes = b""
+    #: Let the changes reach into another plan's workspace (see ``nesting``).
+    allow_nested_workspaces: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +219,8 @@ class RollbackResult:
     state: bytes
     safety: Checkpoint | None
     dry_run: bool
+    #: Other plans' workspaces the changes reach into (allowed by the request).
+    nested: list[NestedWorkspace] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -787,6 +792,8 @@ class Checkpoints:
         request_id = validation.request_id(req.request_id)
         fingerprint = _fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value, paths=subset,
                                    dry_run=req.dry_run, state=hashlib.sha256(req.current_state).hexdigest())
+        if req.allow_nested_workspaces:  # folded in only when set: request_ids recorded before it keep matching
+            fingerprint = _fingerprint(rollback=fingerprint, allow_nested_workspaces=True)
         with self._plan_lock(plan_id), self.store.referencing():
             leftover = self._take_over(plan_id)
             with self.db.session() as session:
@@ -819,9 +826,12 @@ class Checkpoints:
             capture, patterns, excluded = self._capture(plan, batch) if plan.workspace_root else (None, [], [])
             if capture is not None and restore_files:
                 changes = self._plan_restore(plan.workspace_root, capture, target, subset, batch)
+            nested = nested_workspaces(session, self.trees, plan_id, plan.workspace_root, changes)
+            if nested and not req.allow_nested_workspaces:
+                raise refusal(plan_id, nested)  # the batch is dropped on the way out
             if req.dry_run:
                 batch.abort()
-                return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True)
+                return RollbackResult(changes, self._state(target) if req.scope.state else b"", None, True, nested)
             state_digest, state_size = self._safety_state(session, plan_id, req.current_state, batch)
         seen = self._seen(plan.workspace_root, changes)
         crash_point(Point.ROLLBACK_PLANNED)
@@ -857,7 +867,8 @@ class Checkpoints:
         crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
         if entry is not None:
             self._apply_journaled(entry, changes, seen)
-        return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety), False)
+        return RollbackResult(changes, self._state(target) if req.scope.state else b"", Checkpoint(safety), False,
+                              nested)
 
     def _plan_restore(self, root: str, capture: CaptureResult, goal: CheckpointRow, subset: tuple[str, ...],
                       batch: Batch, written: tuple[tuple[str, Entry | None], ...] | None = None) -> list[Change]:
