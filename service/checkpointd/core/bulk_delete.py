@@ -52,7 +52,7 @@ def delete_matching(checkpoints: Checkpoints, plan_id: str, filter_text: str) ->
         plans = sorted(session.exec(select(CheckpointRow.plan_id).where(*conditions(wanted, plan_id)).distinct()).all())
     deleted: list[Checkpoint] = []
     for plan in plans:
-        with checkpoints._plan_lock(plan), checkpoints.db.session() as session:
+        with checkpoints.deleting(plan), checkpoints.db.session() as session:
             rows = list(session.exec(select(CheckpointRow).where(*conditions(wanted, plan))).all())
             for row in rows:
                 session.delete(row)

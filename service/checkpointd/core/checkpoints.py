@@ -42,6 +42,7 @@ from checkpointd.core.errors import (
     PermissionDenied,
     Reason,
     ResourceExhausted,
+    RollbackUnfinished,
 )
 from checkpointd.core.faults import Point, crash_point, may_stall
 from checkpointd.core.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
@@ -698,10 +699,27 @@ class Checkpoints:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)
         with self.db.session() as session:
             row = self._load(session, checkpoint_id)
-        with self._plan_lock(row.plan_id), self.db.session() as session:
+        with self.deleting(row.plan_id), self.db.session() as session:
             row = self._load(session, checkpoint_id)
             session.delete(row)
             session.commit()
+
+    @contextlib.contextmanager
+    def deleting(self, plan_id: str) -> Iterator[None]:
+        """The plan's lock, for deleting some of its checkpoints: its unfinished rollback is
+        finished first; one that cannot be finished now refuses every deletion in the plan
+        (RollbackUnfinished), which would otherwise take its target or its safety checkpoint, the
+        only record of the workspace before it."""
+        with self._plan_lock(plan_id), self.store.referencing():
+            entry = self._take_over(plan_id)
+            if entry is not None:
+                raise RollbackUnfinished(
+                    Reason.ROLLBACK_CONFLICT,
+                    f"plan {plan_id} has an interrupted rollback (to checkpoint {entry.target_checkpoint_id}) "
+                    f"that could not be finished now; its checkpoints are kept until it is (safety checkpoint "
+                    f"{entry.safety_checkpoint_id} holds the workspace from before it)",
+                    plan_id=plan_id, checkpoint_id=entry.safety_checkpoint_id)
+            yield
 
     def put_pending_writes(self, checkpoint_id: str, writes: list) -> None:
         """Records writes that follow a checkpoint (see ``pending_writes``)."""

@@ -81,6 +81,11 @@ class FailedPrecondition(CheckpointdError):
     kind = Kind.FAILED_PRECONDITION
 
 
+class RollbackUnfinished(FailedPrecondition):
+    """A plan's interrupted rollback could not be finished now: its checkpoints are kept until it is
+    (deleting its target or safety checkpoint would leave the workspace half-applied for good)."""
+
+
 class PermissionDenied(CheckpointdError):
     kind = Kind.PERMISSION_DENIED
 

@@ -45,7 +45,7 @@ from checkpointd.core.config import (
 )
 from checkpointd.core.db import Database
 from checkpointd.core.db_store import DatabaseStore
-from checkpointd.core.errors import CheckpointdError, NotFound
+from checkpointd.core.errors import CheckpointdError, NotFound, RollbackUnfinished
 from checkpointd.core.faults import Point, crash_point
 from checkpointd.core.models import CheckpointRow, ConfigRow, ObjectRow
 from checkpointd.core.store import ContentStore, Postponed
@@ -298,6 +298,8 @@ class Maintenance:
                         self.delete_checkpoint(candidate.checkpoint_id)
                     except NotFound:
                         continue
+                    except RollbackUnfinished:
+                        break  # the plan's interrupted rollback keeps its checkpoints until finished
                 report.pruned[rule] += 1
                 report.checkpoint_ids.append(candidate.checkpoint_id)
         if not dry_run:
