@@ -99,7 +99,7 @@ class Contents:
                            checkpoint_id=row.checkpoint_id, path=path)
         if entry.kind is EntryKind.DIR:
             raise FailedPrecondition(Reason.NOT_A_FILE, f"{path!r} is a directory in checkpoint {row.checkpoint_id}; "
-                                                        "export the checkpoint to get a tree",
+                                                        "ls-files lists it; export gets the whole tree",
                                      checkpoint_id=row.checkpoint_id, path=path)
         if entry.kind is EntryKind.SYMLINK:
             return entry, iter((entry.target.encode("utf-8", "surrogateescape"),))
