@@ -14,7 +14,6 @@ import pytest
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-
 from tests.ops.conftest import CHECKPOINTD, run_cli
 
 
