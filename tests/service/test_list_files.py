@@ -27,6 +27,7 @@ def _all_pages(stub, checkpoint_id, path="", **fields):
         response = _list(stub, checkpoint_id, path, page_token=token, **fields)
         paths += [f.path for f in response.files]
         pages += 1
+        assert pages <= 100, "the pages never end"
         token = response.next_page_token
         if not token:
             return paths, pages
