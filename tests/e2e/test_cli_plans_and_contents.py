@@ -166,3 +166,19 @@ def test_rollback_of_a_plan_containing_another_is_refused_in_one_line(tcp, works
     assert done.returncode == 0, done.stderr
     assert (workspace / "inner" / "f.txt").read_text() == "v1"
     assert inner in done.stdout
+
+
+@pytest.mark.parametrize("command", ["export", "cat"])
+def test_a_reader_that_stops_early_is_not_an_error(tcp, workspace, plan_id, command):
+    """`checkpointd export -o - | tar -t | head`, or `cat ... | head`: the pipe closes while the
+    command writes, which is what the reader asked for, so no error and exit status 0."""
+    (workspace / "big.bin").write_bytes(os.urandom(2 << 20))  # past any pipe buffer
+    cp = _create(tcp, plan_id, workspace)
+    args = ["-o", "-"] if command == "export" else ["big.bin"]
+    with subprocess.Popen([CHECKPOINTD, command, cp["checkpoint_id"], *args, *tcp], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as reader:
+        assert len(reader.stdout.read(100)) == 100
+        reader.stdout.close()
+        stderr = reader.stderr.read().decode()
+        assert reader.wait(timeout=120) == 0, stderr
+    assert stderr == ""

@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from checkpointd.commands import render
@@ -15,18 +16,24 @@ from checkpointd.commands.connection import connect
 from checkpointd.commands.failures import reports_errors
 
 
+def _to_stdout(chunks: Iterable[bytes]) -> None:
+    """Writes the bytes as they are (no decoding); a reader that stops early (`| head`) is not an
+    error: the rest is not fetched, and stdout is pointed at /dev/null so that the interpreter's
+    own flush at exit does not fail again."""
+    out = sys.stdout.buffer
+    try:
+        for chunk in chunks:
+            out.write(chunk)
+        out.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 @reports_errors
 def cat(args: argparse.Namespace) -> int:
-    """Writes the bytes as they are (no decoding); a reader that stops early (`| head`) is not an error."""
-    out = sys.stdout.buffer
     with connect(args) as conn:
-        try:
-            for chunk in conn.checkpoints().read_file(args.checkpoint_id, args.path):
-                out.write(chunk)
-            out.flush()
-        except BrokenPipeError:
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _to_stdout(conn.checkpoints().read_file(args.checkpoint_id, args.path))
     return 0
 
 
@@ -74,9 +81,7 @@ def export(args: argparse.Namespace) -> int:
             render.error("refusing to write a tar archive to a terminal: redirect it (> x.tar) or use --output FILE")
             return 1
         with connect(args) as conn:
-            for chunk in conn.checkpoints().export_checkpoint(args.checkpoint_id, timeout=args.timeout):
-                sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
+            _to_stdout(conn.checkpoints().export_checkpoint(args.checkpoint_id, timeout=args.timeout))
         return 0
     output = Path(args.output)
     refusal = _refusal(output, args.force)

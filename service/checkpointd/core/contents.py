@@ -103,7 +103,7 @@ class Contents:
                                      checkpoint_id=row.checkpoint_id, path=path)
         if entry.kind is EntryKind.SYMLINK:
             return entry, iter((entry.target.encode("utf-8", "surrogateescape"),))
-        return entry, self._content(entry)
+        return entry, self._unless_deleted(row.checkpoint_id, self._content(entry))
 
     def list_files(self, checkpoint_id: str, path: str = "", recursive: bool = False, page_size: int = 0,
                    page_token: str = "") -> tuple[list[tuple[str, Entry]], str]:
@@ -171,7 +171,20 @@ class Contents:
         """The checkpoint's tree as a pax tar archive; the checkpoint is looked up before the
         first chunk (so that a bad id fails the call, not the stream)."""
         row = self._files_of(checkpoint_id)
-        return self._archive(row)
+        return self._unless_deleted(row.checkpoint_id, self._archive(row))
+
+    def _unless_deleted(self, checkpoint_id: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """``chunks``, as a stream: content missing midway because the checkpoint was deleted (and
+        collected) while it was read is NOT_FOUND, not the store's DATA_LOSS."""
+        try:
+            yield from chunks
+        except DataLoss:
+            with self.db.session() as session:
+                deleted = session.get(CheckpointRow, checkpoint_id) is None
+            if deleted:
+                raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} was deleted while it was "
+                               "read", checkpoint_id=checkpoint_id) from None
+            raise
 
     def _archive(self, row: CheckpointRow) -> Iterator[bytes]:
         mtime = int(row.create_time.timestamp())

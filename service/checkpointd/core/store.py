@@ -277,8 +277,11 @@ class _Pack:
         self.fd = fd
         self.size = size
         self.durable = durable
-        #: False for a pack from before zstd deltas (see _PACK_MAGIC_ZSTD).
+        #: False for a pack from before zstd deltas (see _PACK_MAGIC_ZSTD), or a damaged one.
         self.appendable = True
+        #: Where a record its header says is durable cannot be read: the bytes from there on are
+        #: kept (not indexed, never compacted away) for repair; fsck reports them.
+        self.damaged_at: int | None = None
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
 
@@ -453,7 +456,15 @@ class ContentStore:
                 self._committed[digest] = location
                 if kind in _DELTAS:
                     self._dependents.setdefault(location.base, set()).add(digest)
-        if end != size:
+        if end < durable_hint <= size:
+            # Not a torn tail: the durable part is damaged. Cutting here would destroy every intact
+            # record after it, so they stay in the file (unindexed) for whoever repairs it.
+            log.error("%s: the record at offset %d, within the durable part (%d bytes), cannot be read; "
+                      "the %d bytes from there are left in place and not indexed", pack.path, end,
+                      durable_hint, size - end)
+            pack.appendable = False
+            pack.damaged_at = end
+        elif end != size:
             os.ftruncate(pack.fd, end)
             os.fsync(pack.fd)
         pack.size = pack.durable = end
@@ -681,6 +692,8 @@ class ContentStore:
         pack may still hold a record they end: without them a reopened store would index
         those records again. Everything appended so far is made durable before the pack goes,
         so a crash at any step leaves either the pack or its replacement records."""
+        if pack.damaged_at is not None:
+            return  # its unreadable bytes are kept for repair (see _recover)
         moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
         tombstones = {digest for digest, kind, _body, _length in self._records(pack, pack.size) if kind == _DELETED}
         carried = [digest for digest in sorted(tombstones)
@@ -772,6 +785,9 @@ class ContentStore:
                 continue
             if on_disk < indexed:
                 found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
+            elif pack.damaged_at is not None:
+                found.append((pack.path.name, f"cannot be read from offset {pack.damaged_at}, within its durable "
+                                              f"part: {on_disk - pack.damaged_at} bytes left in place, not indexed"))
         for digest, location in list(self._committed.items()):
             if location.kind in _DELTAS and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
