@@ -115,6 +115,14 @@ class Contents:
         row = self._files_of(checkpoint_id)
         scope = f"{_LIST_TOKEN_SCOPE}\0{row.checkpoint_id}\0{int(recursive)}"
         after_key = self.page_tokens.check_after(page_token, scope, path, _LONGEST_PATH_KEY)
+        try:
+            return self._page(row, path, recursive, size, scope, after_key)
+        except DataLoss:
+            self._not_found_if_deleted(row.checkpoint_id)
+            raise
+
+    def _page(self, row: CheckpointRow, path: str, recursive: bool, size: int, scope: str,
+              after_key: str | None) -> tuple[list[tuple[str, Entry]], str]:
         digest = row.tree_digest
         if path:
             entry = self.trees.lookup(row.tree_digest, path)
@@ -179,12 +187,15 @@ class Contents:
         try:
             yield from chunks
         except DataLoss:
-            with self.db.session() as session:
-                deleted = session.get(CheckpointRow, checkpoint_id) is None
-            if deleted:
-                raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} was deleted while it was "
-                               "read", checkpoint_id=checkpoint_id) from None
+            self._not_found_if_deleted(checkpoint_id)
             raise
+
+    def _not_found_if_deleted(self, checkpoint_id: str) -> None:
+        with self.db.session() as session:
+            deleted = session.get(CheckpointRow, checkpoint_id) is None
+        if deleted:
+            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} was deleted while it was "
+                           "read", checkpoint_id=checkpoint_id) from None
 
     def _archive(self, row: CheckpointRow) -> Iterator[bytes]:
         mtime = int(row.create_time.timestamp())
