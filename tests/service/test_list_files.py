@@ -148,13 +148,3 @@ def test_what_cannot_be_listed_says_why(checkpoint_stub, workspace, plan_id):
     _fails(lambda: _list(checkpoint_stub, state_only.checkpoint_id), grpc.StatusCode.FAILED_PRECONDITION,
            "NO_WORKSPACE")
 
-
-def test_the_python_client_lists_every_page(channel, workspace, plan_id):
-    from checkpointd_client import CheckpointClient
-
-    _tree(workspace)
-    client = CheckpointClient(channel)
-    cp = client.create_checkpoint(plan_id, workspace_root=str(workspace))
-    files = client.list_files(cp.checkpoint_id, "src", recursive=True, page_size=2)
-    assert [f.path for f in files] == ["src/a.py", "src/pkg", "src/pkg/mod.py", "src/z.txt"]
-    assert [f.path for f in client.list_files(cp.checkpoint_id)] == ["README", "link", "src"]
