@@ -1,4 +1,5 @@
-"""cat, export: a file, or a whole checkpoint as a tar archive, as it was in a checkpoint."""
+"""cat, ls-files, export: a file, a directory listing, or a whole checkpoint as a tar archive, as it was in a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -33,6 +34,30 @@ def _to_stdout(chunks: Iterable[bytes]) -> None:
 def cat(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         _to_stdout(conn.checkpoints().read_file(args.checkpoint_id, args.path))
+    return 0
+
+
+@reports_errors
+def ls_files(args: argparse.Namespace) -> int:
+    """One `mode type size path` line per entry (a symlink's line ends `-> target`), plain text for
+    scripts; a reader that stops early (`| head`) is not an error."""
+    with connect(args) as conn:
+        files = conn.checkpoints().list_files(args.checkpoint_id, args.path, recursive=args.recursive,
+                                              timeout=args.timeout)
+    if args.json:
+        render.emit_json([render.message_dict(f) for f in files])
+        return 0
+    lines = []
+    for entry in files:
+        kind = render.entry_type_name(entry.entry_type)
+        line = f"{entry.mode:04o} {kind:<7} {entry.size_bytes:>10} {entry.path}"
+        lines.append(f"{line} -> {entry.symlink_target}" if entry.symlink_target else line)
+    try:
+        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

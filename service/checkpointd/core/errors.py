@@ -45,6 +45,7 @@ class Reason(enum.StrEnum):
     PATH_NOT_FOUND = "PATH_NOT_FOUND"
     NOT_A_FILE = "NOT_A_FILE"
     NESTED_WORKSPACE = "NESTED_WORKSPACE"
+    NOT_A_DIRECTORY = "NOT_A_DIRECTORY"
 
 
 class Kind(enum.Enum):
