@@ -24,7 +24,8 @@ MIB = 1 << 20
 
 #: Disk-store only: where a loose object lives, and whole pack records from reader processes
 #: (a scan into the database store reads its files in the server).
-DISK_ONLY = frozenset({"path_of", "put_records"})
+#: Packs are the disk store's own: `checkpointd gc --compact` repacks only a disk store.
+DISK_ONLY = frozenset({"path_of", "put_records", "compact_all"})
 
 
 def public_names(cls: type) -> set[str]:
