@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from ulid import ULID
 
-from checkpointd.core import checkpoints as checkpoints_module
-from checkpointd.core.checkpoints import LOOP_STATE_LIMIT, Checkpoints, CreateRequest, EngineSettings
-from checkpointd.core.config import ConfigStore
-from checkpointd.core.db import Database
-from checkpointd.core.errors import InvalidArgument, Reason
-from checkpointd.core.store import ContentStore
+from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine import checkpoints as checkpoints_module
+from checkpointd.core.engine.checkpoints import LOOP_STATE_LIMIT, Checkpoints, CreateRequest, EngineSettings
+from checkpointd.core.kernel.errors import InvalidArgument, Reason
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.content_store import ContentStore
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpointd.core.gitignore import MAX_PATTERN_BYTES, MAX_PATTERNS_PER_FILE, parse_file, refusal
-from checkpointd.core.ignore import IgnoreRules
+from checkpointd.core.capture.gitignore import MAX_PATTERN_BYTES, MAX_PATTERNS_PER_FILE, parse_file, refusal
+from checkpointd.core.capture.ignore import IgnoreRules
 
 #: Lines that make a backtracking matcher take exponential time, with paths that trigger it.
 PATHOLOGICAL = [
@@ -32,7 +32,7 @@ def test_pathological_patterns_take_bounded_work():
     hanging the test run (a regex match holds the interpreter lock; no signal stops it)."""
     code = textwrap.dedent("""
         import sys
-        from checkpointd.core.ignore import IgnoreRules
+        from checkpointd.core.capture.ignore import IgnoreRules
         cases = eval(sys.stdin.read())
         for line, path in cases:
             for rules in (IgnoreRules([line], lambda d: None),

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from checkpointd.core.ignore import IgnoreRules
+from checkpointd.core.capture.ignore import IgnoreRules
 from tests.helpers import skip_unless_ci
 
 GIT = shutil.which("git")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from checkpointd.core import heap
+from checkpointd.core.kernel import heap
 
 
 class Node:

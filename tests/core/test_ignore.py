@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checkpointd.core.ignore import IgnoreRules
+from checkpointd.core.capture.ignore import IgnoreRules
 
 
 def rules(files: dict[str, str], configured=(), excluded=()) -> IgnoreRules:

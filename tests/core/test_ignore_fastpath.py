@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from checkpointd.core.gitignore import parse_configured, parse_file, path_text
-from checkpointd.core.ignore import NEVER_CAPTURED, IgnoreRules
+from checkpointd.core.capture.gitignore import parse_configured, parse_file, path_text
+from checkpointd.core.capture.ignore import NEVER_CAPTURED, IgnoreRules
 
 PATTERNS = [
     "*.log", "!keep.log", "build/", "/dist", "**/tmp", "a/**/b", "!a/x/b", "*.py[co]", "docs/*.md",

@@ -9,8 +9,8 @@ from concurrent import futures
 
 import pytest
 
-from checkpointd.core.errors import Reason, Unavailable
-from checkpointd.core.planlocks import PlanLocks
+from checkpointd.core.engine.plan_locks import PlanLocks
+from checkpointd.core.kernel.errors import Reason, Unavailable
 
 
 def blocking_hold(locks: PlanLocks, plan_id: str, entered: threading.Event, leave: threading.Event) -> str:

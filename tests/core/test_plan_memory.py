@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import event
 from ulid import ULID
 
-from checkpointd.core import checkpoints as checkpoints_module
-from checkpointd.core.checkpoints import Checkpoints, CreateRequest, EngineSettings
-from checkpointd.core.config import ConfigStore
-from checkpointd.core.db import Database
-from checkpointd.core.db_store import open_store
+from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine import checkpoints as checkpoints_module
+from checkpointd.core.engine.checkpoints import Checkpoints, CreateRequest, EngineSettings
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.db_store import open_store
 
 
 @pytest.fixture

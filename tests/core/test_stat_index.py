@@ -8,7 +8,7 @@ import os
 import random
 import threading
 
-from checkpointd.core.index import BULK_UPDATE_ROWS, Indexed, StatIndex
+from checkpointd.core.capture.stat_index import BULK_UPDATE_ROWS, Indexed, StatIndex
 
 
 def _entries(count: int) -> dict[str, Indexed]:

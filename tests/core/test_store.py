@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from checkpointd.core.errors import DataLoss
-from checkpointd.core.store import ContentStore
+from checkpointd.core.kernel.errors import DataLoss
+from checkpointd.core.store.content_store import ContentStore
 
 
 def test_identical_content_is_stored_once(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from checkpointd.core import tree as tree_module
-from checkpointd.core.store import ContentStore, digest_bytes
-from checkpointd.core.tree import EMPTY_TREE, Entry, EntryKind, Trees, decode_node, encode_node
+from checkpointd.core.store import tree as tree_module
+from checkpointd.core.store.content_store import ContentStore, digest_bytes
+from checkpointd.core.store.tree import EMPTY_TREE, Entry, EntryKind, Trees, decode_node, encode_node
 
 _encode_node = encode_node
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ulid import ULID
 
-from checkpointd.core import validation
-from checkpointd.core.errors import InvalidArgument, Reason
+from checkpointd.core.kernel import validation
+from checkpointd.core.kernel.errors import InvalidArgument, Reason
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 #: Crockford letters of both cases, the letters Crockford leaves out, and a few others.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd.core.workspace import UnsafePath, Workspace
+from checkpointd.core.workspace.workspace import UnsafePath, Workspace
 
 
 def test_each_path_is_reached_without_following_links(tmp_path: Path) -> None:

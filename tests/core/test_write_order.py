@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd.core.workspace import TEMP_PREFIX, Workspace
+from checkpointd.core.workspace.workspace import TEMP_PREFIX, Workspace
 
 
 @pytest.fixture

@@ -14,14 +14,14 @@ import zlib
 import pytest
 import zstandard
 
-from checkpointd.core import snapshot as snapshot_module
-from checkpointd.core import store as store_module
-from checkpointd.core.errors import DataLoss, ResourceExhausted
-from checkpointd.core.index import StatIndex
-from checkpointd.core.snapshot import Snapshotter, disk_rules
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import Trees
-from checkpointd.core.workspace import Workspace
+from checkpointd.core.capture import snapshot as snapshot_module
+from checkpointd.core.capture.snapshot import Snapshotter, disk_rules
+from checkpointd.core.capture.stat_index import StatIndex
+from checkpointd.core.kernel.errors import DataLoss, ResourceExhausted
+from checkpointd.core.store import content_store as store_module
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.tree import Trees
+from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
 
 

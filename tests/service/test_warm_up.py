@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, text
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core import checkpoints
+from checkpointd.core.engine import checkpoints
 from tests.helpers import error_info
 
 

@@ -1,0 +1,971 @@
+"""Content-addressed, deduplicated object store shared by all plans.
+
+Objects are named by the SHA-256 of their content. Small objects (up to 1 MiB: nearly
+every file and every tree node) are appended to pack files, ``packs/pack-NNNNNN.pack``;
+creating one file per object costs far more than writing it on most file systems, and a
+pack is made durable by a single ``fdatasync``. Larger objects are streamed to their own
+file, ``objects/ab/cdef…`` ("loose"), which is also where stores written before packs
+keep everything; both kinds are read the same way.
+
+Writes go through a ``Batch``. Its objects are readable at once but counted as stored
+(``has``) only once ``Batch.commit`` has made them durable: the pack is synced (one
+``fdatasync`` shared by every batch committing at that moment), large objects are synced
+and renamed from the staging directory to their final names. A caller commits metadata
+that references objects only after ``Batch.commit`` returns.
+
+A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta,
+``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
+open, records past it are verified and a torn tail is cut off.
+
+Packs are replayed in order on open, the last record of a digest winning and a deletion
+(tombstone) ending every record of it before. A compaction that removes a pack therefore
+carries its tombstones forward while an older pack may still hold a record they end, and
+once every pack is read, a delta whose chain of bases does not end in a stored whole object
+is dropped (an earlier record of the same object that resolves is used instead): an object
+is never counted as stored when it cannot be read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import logging
+import os
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
+from checkpointd.core.kernel.faults import Point, crash_point
+from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
+
+log = logging.getLogger("checkpointd.store")
+
+#: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
+#: processes share (see ``readworker``).
+_DELTA = b"X"
+_DELETED = b"D"
+_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _DELETED)
+#: A delta is zlib with the content of another object (its base) as preset dictionary:
+#: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
+#: directory node is stored against the previous one; chains stay short to bound reads.
+_DELTA_HEADER = struct.Struct(">32sB")
+MAX_DELTA_DEPTH = 8
+#: zlib looks back 32 KiB at most: beyond that a base helps little.
+_DELTA_LIMIT = 64 << 10
+_CHUNK = 1 << 20
+
+#: Packs that may hold zstd records. A server from before zstd refuses such a pack as "not a
+#: pack" rather than taking its first zstd record for a torn tail and cutting the rest off.
+_PACK_MAGIC = b"CKPTPAK2"
+#: Packs written before zstd (raw and zlib records only): read, never appended to.
+_PACK_MAGIC_ZLIB = b"CKPTPAK1"
+_PACK_HEADER = struct.Struct(">8sQ")
+#: A pack stops taking new records past this size; a new one is started. Tests shrink it
+#: (``CHECKPOINTD_PACK_ROTATE_BYTES``) to make a server rotate and compact packs within a test.
+PACK_ROTATE_BYTES = int(os.environ.get("CHECKPOINTD_PACK_ROTATE_BYTES") or 256 << 20)
+#: How many large objects a commit syncs one by one before a whole-file-system sync is cheaper.
+_SYNCFS_THRESHOLD = 16
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _syncfs(fd: int) -> None:
+    """Flush one file system (Linux syncfs); falls back to a global sync elsewhere."""
+    syncfs = getattr(_libc, "syncfs", None)
+    if syncfs is None or syncfs(fd) != 0:
+        os.sync()
+
+
+#: What a corrupt record body raises when it is decoded.
+_BODY_ERRORS = (zlib.error, zstandard.ZstdError)
+_decompressors = threading.local()
+
+
+def _zstd_decompress(body: bytes) -> bytes:
+    """A zstd record's content. Only objects up to COMPRESS_LIMIT are packed: a frame that says
+    it holds more is corrupt, and is not given the memory it asks for."""
+    size = zstandard.frame_content_size(body)
+    if not 0 <= size <= COMPRESS_LIMIT:
+        raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+    decompressor = getattr(_decompressors, "decompressor", None)
+    if decompressor is None:
+        decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
+    return decompressor.decompress(body, max_output_size=COMPRESS_LIMIT)
+
+
+def digest_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Writes all of ``data``; a short write is retried, so a full disk surfaces as ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, "no space left to append to the pack")
+        view, offset = view[written:], offset + written
+
+
+def _storage_error(exc: OSError) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"content store is full: {exc.strerror}")
+    return exc
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SharedExclusiveLock:
+    """Many holders of the shared side, or one of the exclusive side (writers first)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            self._release_shared()
+
+    def try_shared(self) -> Callable[[], None] | None:
+        """The shared side if it can be had without waiting: its release, else None."""
+        with self._cond:
+            if self._exclusive:
+                return None
+            self._shared += 1
+        return self._release_shared
+
+    def _release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._cond.wait_for(lambda: self._shared == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class _Location:
+    """Where an object's body is: a pack and offset, or (pack None) its loose file."""
+
+    pack: _Pack | None
+    offset: int = 0
+    length: int = 0
+    kind: bytes = RAW
+    #: Deltas only: the base's digest and how many deltas deep this one is.
+    base: str = ""
+    depth: int = 0
+
+
+def _dead_key(digest: str) -> int:
+    """What ``ContentStore._dead_keys`` holds of a digest: its first 64 bits (a false match
+    only keeps a tombstone that is not needed)."""
+    return int(digest[:16], 16)
+
+
+@dataclass
+class _Recovery:
+    """What opening the packs learns besides the index, for ``ContentStore._settle_deltas``."""
+
+    #: Deltas written past their pack's durable hint, not verified yet.
+    unverified: list[tuple[str, _Location]] = field(default_factory=list)
+    #: Earlier records of an object whose latest record is a delta, oldest first (rare: two
+    #: batches wrote it at once), to fall back on when that delta does not resolve.
+    superseded: dict[str, list[_Location]] = field(default_factory=dict)
+
+    def record(self, digest: str, location: _Location, previous: _Location | None) -> None:
+        if location.kind != _DELTA:
+            self.superseded.pop(digest, None)
+        elif previous is not None:
+            self.superseded.setdefault(digest, []).append(previous)
+
+
+class _Pack:
+    """One append-only pack file. Appends are serialized; syncs are shared (group commit)."""
+
+    def __init__(self, path: Path, number: int, fd: int, size: int, durable: int) -> None:
+        self.path = path
+        self.number = number
+        self.fd = fd
+        self.size = size
+        self.durable = durable
+        #: False for a pack from before zstd records (see _PACK_MAGIC_ZLIB).
+        self.appendable = True
+        self._append_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+
+    def append(self, digest: str, kind: bytes, body: bytes, base: str = "", depth: int = 0) -> _Location:
+        offset = self._append(RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body)
+        return _Location(self, offset + RECORD.size, len(body), kind, base, depth)
+
+    def append_records(self, records: list[bytes]) -> list[_Location]:
+        """Appends whole records (header and body) with one write; their locations, in order."""
+        offset = self._append(b"".join(records))
+        locations = []
+        header = RECORD.size
+        for record in records:
+            locations.append(_Location(self, offset + header, len(record) - header, record[32:33]))
+            offset += len(record)
+        return locations
+
+    def _append(self, data: bytes) -> int:
+        """Writes ``data`` at the end of the pack; returns where it starts. A write that fails
+        part-way is cut off again, so the pack never ends in a torn record of ours."""
+        with self._append_lock:
+            offset = self.size
+            try:
+                _pwrite_all(self.fd, data, offset)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, offset)
+                raise _storage_error(exc) from exc
+            self.size = offset + len(data)
+        return offset
+
+    def sync_to(self, end: int) -> None:
+        """Makes the pack durable at least up to ``end``; one fdatasync serves every waiter."""
+        if self.durable >= end:
+            return
+        with self._sync_lock:
+            if self.durable >= end:
+                return
+            target = self.size
+            try:
+                os.fdatasync(self.fd)
+            except OSError as exc:
+                raise _storage_error(exc) from exc
+            self.durable = target
+            # A hint for recovery, made durable by the next sync: records before it need no check.
+            os.pwrite(self.fd, struct.pack(">Q", target), 8)
+
+    def read(self, location: _Location) -> bytes:
+        data = os.pread(self.fd, location.length, location.offset)
+        if len(data) != location.length:
+            raise OSError(errno.EIO, f"pack {self.path.name} is truncated")
+        return data
+
+
+class ContentStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.objects = root / "objects"
+        self.staging = root / "staging"
+        self.packs_dir = root / "packs"
+        for directory in (self.objects, self.staging, self.packs_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._clear_staging()
+        #: Committed objects: durable, counted by ``has``.
+        self._committed: dict[str, _Location] = {}
+        #: Objects written by open batches, readable before they are committed.
+        self._staged: dict[str, _Location] = {}
+        self._staged_lock = threading.Lock()
+        self._gc_fence = SharedExclusiveLock()
+        self._packs: list[_Pack] = []
+        self._active: _Pack | None = None
+        self._pack_lock = threading.Lock()
+        #: Bytes of records in each pack that nothing indexes any more (deleted or superseded).
+        self._dead: dict[_Pack, int] = {}
+        #: Which objects have such a dead record in each pack (the first 64 bits of their digest):
+        #: whether a compacted pack's tombstone still ends a record somewhere older.
+        self._dead_keys: dict[_Pack, set[int]] = {}
+        #: Compacted packs, already unlinked; their fds stay open for reads still in flight.
+        self._retired: list[_Pack] = []
+        #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
+        self.deletions = 0
+        #: base digest -> digests stored as deltas against it (rewritten in full before it is deleted)
+        self._dependents: dict[str, set[str]] = {}
+        self._index_loose()
+        self._open_packs()
+
+    def referencing(self) -> contextlib.AbstractContextManager[None]:
+        """Hold while writing objects and committing the metadata that references them:
+        an object found to exist (and so not rewritten) cannot be collected meanwhile."""
+        return self._gc_fence.shared()
+
+    def try_referencing(self) -> Callable[[], None] | None:
+        """``referencing`` without waiting (for an event loop): its release, or None while
+        garbage collection holds the store."""
+        return self._gc_fence.try_shared()
+
+    def collecting(self) -> contextlib.AbstractContextManager[None]:
+        """Held by garbage collection: no checkpoint is between its objects and its row."""
+        return self._gc_fence.exclusive()
+
+    def _clear_staging(self) -> None:
+        """Leftovers of an interrupted batch were never referenced; drop them."""
+        for leftover in self.staging.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+    def _index_loose(self) -> None:
+        loose = _Location(None)
+        for fanout in self.objects.iterdir():
+            for obj in fanout.iterdir():
+                self._committed[fanout.name + obj.name] = loose
+
+    # -- packs --------------------------------------------------------------------------
+
+    def _open_packs(self) -> None:
+        recovery = _Recovery()
+        for path in sorted(self.packs_dir.glob("pack-*.pack")):
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            pack = _Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
+            self._recover(pack, recovery)
+            self._packs.append(pack)
+        if self._packs and self._packs[-1].appendable and self._packs[-1].size < PACK_ROTATE_BYTES:
+            self._active = self._packs[-1]
+        self._settle_deltas(recovery)
+
+    def _records(self, pack: _Pack, size: int) -> Iterator[tuple[str, bytes, int, int]]:
+        """A pack's well-formed records up to ``size``, in order: (digest, kind, body offset,
+        body length). Stops at the first that is not (a torn tail)."""
+        offset = _PACK_HEADER.size
+        buffer, buffer_start = b"", offset
+        while offset + RECORD.size <= size:
+            if offset + RECORD.size > buffer_start + len(buffer):
+                buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
+            raw_digest, kind, length = RECORD.unpack_from(buffer, offset - buffer_start)
+            body_at = offset + RECORD.size
+            if kind not in _KINDS or body_at + length > size:
+                return
+            yield raw_digest.hex(), kind, body_at, length
+            offset = body_at + length
+
+    def _recover(self, pack: _Pack, recovery: _Recovery) -> None:
+        """Indexes a pack's records; past the durable hint each one is verified, and the
+        first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
+        size = os.fstat(pack.fd).st_size
+        magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
+        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
+        pack.appendable = magic == _PACK_MAGIC
+        end = _PACK_HEADER.size
+        for digest, kind, body_at, length in self._records(pack, size):
+            if kind == _DELTA:
+                if length < _DELTA_HEADER.size:
+                    break
+                raw_base, depth = _DELTA_HEADER.unpack(os.pread(pack.fd, _DELTA_HEADER.size, body_at))
+                location = _Location(pack, body_at, length, kind, raw_base.hex(), depth)
+            else:
+                location = _Location(pack, body_at, length, kind)
+            if body_at + length > durable_hint and kind != _DELETED:
+                if kind == _DELTA:
+                    # Its base may be in a later pack (moved by a compaction): checked once all are read.
+                    recovery.unverified.append((digest, location))
+                elif not self._verifies(digest, location):
+                    break
+            end = body_at + length
+            previous = self._committed.pop(digest, None)
+            if previous is not None:
+                self._mark_dead(digest, previous)
+            recovery.record(digest, location, previous)
+            if kind != _DELETED:
+                self._committed[digest] = location
+                if kind == _DELTA:
+                    self._dependents.setdefault(location.base, set()).add(digest)
+        if end != size:
+            os.ftruncate(pack.fd, end)
+            os.fsync(pack.fd)
+        pack.size = pack.durable = end
+
+    def _settle_deltas(self, recovery: _Recovery) -> None:
+        """Once every pack is read: a delta written past a durable hint must reproduce its
+        object, and every delta's chain of bases must end in a stored whole object (a
+        tombstone lost with a compacted pack, or a batch's record left behind, may have
+        indexed one whose base is gone). Headers only, but for the deltas not known durable."""
+        for digest, location in recovery.unverified:
+            if self._committed.get(digest) is location and not self._verifies(digest, location):
+                log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
+                self._fall_back(digest, recovery)
+        resolved: dict[str, bool] = {}
+        for digest in [d for d, location in self._committed.items() if location.kind == _DELTA]:
+            self._resolves(digest, recovery, resolved)
+
+    def _resolves(self, digest: str, recovery: _Recovery, resolved: dict[str, bool]) -> bool:
+        """Whether ``digest`` is readable from what is indexed, dropping (or falling back
+        from) every delta on its chain that is not."""
+        chain: dict[str, None] = {}
+        current = digest
+        while True:
+            if current in resolved:
+                ok = resolved[current]
+                break
+            location = self._committed.get(current)
+            if location is None or current in chain:
+                ok = False
+                break
+            if location.kind != _DELTA:
+                ok = resolved[current] = True
+                break
+            chain[current] = None
+            current = location.base
+        for delta in reversed(chain):
+            if delta in resolved:  # settled meanwhile, on the chain of a record fallen back on
+                ok = resolved[delta]
+                continue
+            if not ok:
+                log.warning("dropping %s: it is a delta against %s, which is not stored", delta,
+                            self._committed[delta].base)
+                ok = self._fall_back(delta, recovery, resolved)
+            resolved[delta] = ok
+        return ok
+
+    def _fall_back(self, digest: str, recovery: _Recovery, resolved: dict[str, bool] | None = None) -> bool:
+        """Drops the indexed record of ``digest``; an earlier record of it that resolves
+        (one a later batch's record superseded) takes its place. Whether one did."""
+        self._mark_dead(digest, self._committed.pop(digest))
+        for earlier in reversed(recovery.superseded.pop(digest, [])):
+            self._committed[digest] = earlier
+            if earlier.pack is not None:
+                self._dead[earlier.pack] -= RECORD.size + earlier.length
+            if earlier.kind != _DELTA or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
+                return True
+            self._mark_dead(digest, self._committed.pop(digest))
+        return False
+
+    def _mark_dead(self, digest: str, location: _Location) -> None:
+        """Counts a record nothing indexes any more (deleted, superseded, or never committed)."""
+        pack = location.pack
+        if pack is not None:
+            self._dead[pack] = self._dead.get(pack, 0) + RECORD.size + location.length
+            self._dead_keys.setdefault(pack, set()).add(_dead_key(digest))
+
+    def _verifies(self, digest: str, location: _Location) -> bool:
+        try:
+            return hashlib.sha256(self._unpack(location, location.pack.read(location))).hexdigest() == digest
+        except (OSError, *_BODY_ERRORS, DataLoss):
+            return False
+
+    def _unpack(self, location: _Location, body: bytes) -> bytes:
+        if location.kind == ZSTD:
+            return _zstd_decompress(body)
+        if location.kind == ZLIB:
+            return zlib.decompress(body)
+        if location.kind == _DELTA:
+            decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
+            return decompressor.decompress(body[_DELTA_HEADER.size:]) + decompressor.flush()
+        return body
+
+    def _writable_pack(self) -> _Pack:
+        active = self._active
+        if active is not None and active.size < PACK_ROTATE_BYTES:
+            return active
+        with self._pack_lock:
+            if self._active is None or self._active.size >= PACK_ROTATE_BYTES:
+                self._active = self._new_pack()
+                self._packs.append(self._active)
+            return self._active
+
+    def _new_pack(self) -> _Pack:
+        """A new, empty pack: written and synced under a staging name, then renamed into place."""
+        number = (self._packs[-1].number + 1) if self._packs else 1
+        final = self.packs_dir / f"pack-{number:06d}.pack"
+        staged = self.staging / uuid.uuid4().hex
+        try:
+            fd = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+        try:
+            os.write(fd, _PACK_HEADER.pack(_PACK_MAGIC, _PACK_HEADER.size))
+            os.fsync(fd)
+            os.rename(staged, final)
+            _fsync_dir(self.packs_dir)
+        except OSError as exc:
+            os.close(fd)
+            staged.unlink(missing_ok=True)
+            raise _storage_error(exc) from exc
+        return _Pack(final, number, fd, _PACK_HEADER.size, _PACK_HEADER.size)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def path_of(self, digest: str) -> Path:
+        """Where the object lives when it is loose (a large object, or a store written before packs)."""
+        return self.objects / digest[:2] / digest[2:]
+
+    def has(self, digest: str) -> bool:
+        """Whether the object is committed (durable) in the store."""
+        return digest in self._committed
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    def read_bytes(self, digest: str) -> bytes:
+        return b"".join(self.iter_chunks(digest))
+
+    def _locate(self, digest: str) -> _Location | None:
+        location = self._committed.get(digest)
+        if location is None:
+            with self._staged_lock:
+                location = self._staged.get(digest)
+        return location
+
+    def _open_loose(self, digest: str):
+        """Opens a committed loose object, or one still staged by an open batch (looked up
+        twice: its batch may rename it to its final name in between)."""
+        for _ in range(2):
+            location = self._locate(digest)
+            candidates = [self.path_of(digest)]
+            if location is not None and isinstance(location, _StagedFile):
+                candidates.insert(0, location.path)
+            for candidate in candidates:
+                try:
+                    return open(candidate, "rb")  # noqa: SIM115 - the caller closes it
+                except FileNotFoundError:
+                    continue
+        raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing", digest=digest)
+
+    def iter_chunks(self, digest: str) -> Iterator[bytes]:
+        """Yields an object's content, verifying its digest as it goes."""
+        location = self._locate(digest)
+        if location is not None and location.pack is not None:
+            try:
+                data = self._unpack(location, location.pack.read(location))
+            except (OSError, *_BODY_ERRORS) as exc:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
+                               digest=digest) from exc
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+            yield data
+            return
+        yield from self._iter_loose(digest)
+
+    def _iter_loose(self, digest: str) -> Iterator[bytes]:
+        f = self._open_loose(digest)
+        hasher = hashlib.sha256()
+        with f:
+            kind = f.read(1)
+            if kind == ZLIB:
+                data = zlib.decompress(f.read())
+                hasher.update(data)
+                chunks: Iterator[bytes] = iter((data,))
+            elif kind == RAW:
+                chunks = iter(lambda: f.read(_CHUNK), b"")
+            else:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} has no header", digest=digest)
+            for chunk in chunks:
+                if kind == RAW:
+                    hasher.update(chunk)
+                yield chunk
+        if hasher.hexdigest() != digest:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+
+    # -- deleting -----------------------------------------------------------------------
+
+    def delete(self, digest: str) -> None:
+        self._rewrite_dependents(digest)
+        location = self._committed.pop(digest, None)
+        self.deletions += 1
+        with contextlib.suppress(FileNotFoundError):
+            self.path_of(digest).unlink()
+        if location is not None and location.pack is not None:
+            # Recorded so that a reopened store does not index it again.
+            self._writable_pack().append(digest, _DELETED, b"")
+            self._mark_dead(digest, location)
+            pack = location.pack
+            if pack is not self._active and self._dead[pack] * 2 > pack.size:
+                self._compact(pack)
+
+    def _rewrite_dependents(self, base: str) -> None:
+        """Stores in full every object kept as a delta against ``base``, before ``base`` goes."""
+        rewritten: dict[_Pack, int] = {}
+        for dependent in self._dependents.pop(base, set()):
+            location = self._committed.get(dependent)
+            if location is None or location.kind != _DELTA or location.base != base:
+                continue
+            kind, body = pack_body(self.read_bytes(dependent))
+            new = self._writable_pack().append(dependent, kind, body)
+            rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
+            self._mark_dead(dependent, location)
+            self._committed[dependent] = new
+        for pack, end in rewritten.items():
+            pack.sync_to(end)
+
+    def _compact(self, pack: _Pack) -> None:
+        """Moves a mostly dead pack's live records to the active pack, then removes it. Called
+        by ``delete``, that is under ``collecting()``: no batch is between writing and committing.
+
+        The pack's tombstones of objects that are not stored again go along while an older
+        pack may still hold a record they end: without them a reopened store would index
+        those records again. Everything appended so far is made durable before the pack goes,
+        so a crash at any step leaves either the pack or its replacement records."""
+        moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
+        tombstones = {digest for digest, kind, _body, _length in self._records(pack, pack.size) if kind == _DELETED}
+        carried = [digest for digest in sorted(tombstones)
+                   if digest not in self._committed and digest not in self._staged
+                   and self._older_pack_may_hold(digest, pack)]
+        target = self._writable_pack()
+        moved = {digest: target.append(digest, location.kind, pack.read(location), location.base, location.depth)
+                 for digest, location in moving}
+        if carried:
+            target.append_records([RECORD.pack(bytes.fromhex(digest), _DELETED, 0) for digest in carried])
+        crash_point(Point.COMPACT_COPIED)
+        for written in list(self._packs):
+            written.sync_to(written.size)
+        for digest, location in moved.items():
+            if self._committed.get(digest) is not None:
+                self._committed[digest] = location
+        with self._pack_lock:
+            for old in self._retired:
+                os.close(old.fd)
+            self._retired = [pack]
+            self._packs.remove(pack)
+            self._dead.pop(pack, None)
+            self._dead_keys.pop(pack, None)
+        crash_point(Point.COMPACT_SYNCED)
+        pack.path.unlink(missing_ok=True)
+        _fsync_dir(self.packs_dir)
+        log.info("compacted %s: %d live object(s) moved, %d tombstone(s) carried", pack.path.name, len(moved),
+                 len(carried))
+
+    def _older_pack_may_hold(self, digest: str, pack: _Pack) -> bool:
+        """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""
+        key = _dead_key(digest)
+        return any(other.number < pack.number and key in self._dead_keys.get(other, ()) for other in self._packs)
+
+    def close(self) -> None:
+        """Closes the pack files (the store is unusable afterwards)."""
+        with self._pack_lock:
+            for pack in [*self._packs, *self._retired]:
+                with contextlib.suppress(OSError):
+                    os.close(pack.fd)
+            self._packs, self._retired, self._active = [], [], None
+
+    def stored_size(self, digest: str) -> int | None:
+        """Bytes a committed object takes in the store (compressed); None if it is not stored."""
+        location = self._committed.get(digest)
+        if location is None:
+            return None
+        if location.pack is not None:
+            return RECORD.size + location.length
+        try:
+            return self.path_of(digest).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def iter_digests(self) -> Iterator[str]:
+        yield from list(self._committed)
+
+    def damage(self) -> list[tuple[str, str]]:
+        """What is wrong with the store's bookkeeping, as (subject, detail): a pack file
+        shorter than the records indexed in it, or missing; a delta whose base is not stored.
+        Opening a store cuts torn tails off and drops deltas that do not resolve, so this finds
+        only what changed underneath a store since (or a defect of its own)."""
+        found = []
+        with self._pack_lock:
+            packs = list(self._packs)
+        for pack in packs:
+            indexed = pack.size  # read before the file's size: appends only move both forward
+            try:
+                on_disk = os.stat(pack.path).st_size
+            except OSError as exc:
+                found.append((pack.path.name, f"cannot be read: {exc.strerror}"))
+                continue
+            if on_disk < indexed:
+                found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
+        for digest, location in list(self._committed.items()):
+            if location.kind == _DELTA and location.base not in self._committed:
+                found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class _StagedFile(_Location):
+    """A large object written to the staging directory by an open batch."""
+
+    path: Path = Path()
+
+
+class Batch:
+    """Objects written together and made durable together (see module docstring)."""
+
+    _rename_lock = threading.Lock()
+
+    def __init__(self, store: ContentStore) -> None:
+        self.store = store
+        self._pending: dict[str, _Location] = {}
+        self._pack_ends: dict[_Pack, int] = {}
+        self._finished: list[Callable[[bool], None]] = []
+        #: Several threads of one capture may write into the same batch.
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def when_finished(self, callback: Callable[[bool], None]) -> None:
+        """Calls ``callback(committed)`` once the batch is committed (True) or aborted (False)."""
+        self._finished.append(callback)
+
+    def _known(self, digest: str) -> bool:
+        return digest in self._pending or digest in self.store._committed
+
+    def _publish(self, digest: str, location: _Location) -> bool:
+        """Records a written object; False when another thread of this batch was first."""
+        return bool(self._publish_all([(digest, location)]))
+
+    def _publish_all(self, written: list[tuple[str, _Location]]) -> list[tuple[str, _Location]]:
+        """Records written objects; returns those no other thread of this batch was first with."""
+        published = []
+        with self._lock:
+            for digest, location in written:
+                if digest in self._pending:
+                    continue
+                self._pending[digest] = location
+                published.append((digest, location))
+                if location.pack is not None:
+                    end = location.offset + location.length
+                    if self._pack_ends.get(location.pack, 0) < end:
+                        self._pack_ends[location.pack] = end
+        with self.store._staged_lock:
+            for digest, location in published:
+                self.store._staged.setdefault(digest, location)
+        return published
+
+    def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
+        """Stores ``data``; ``similar`` names a stored object like it (its previous version),
+        which it may be stored as a delta against (``similar_data``: its content, if at hand)."""
+        digest = digest_bytes(data)
+        if self._known(digest):
+            return digest
+        if len(data) > COMPRESS_LIMIT:
+            self._put_loose(digest, (data,))
+            return digest
+        if similar and len(data) <= _DELTA_LIMIT and self._put_delta(digest, data, similar, similar_data):
+            return digest
+        kind, body = pack_body(data)
+        self._publish(digest, self.store._writable_pack().append(digest, kind, body))
+        return digest
+
+    def put_records(self, records: list[tuple[str, bytes]]) -> None:
+        """Stores objects already encoded as whole pack records, ``(digest, record)`` with
+        kind raw or zstd (made by a reader process, see ``readworker``); those already stored
+        or written by this batch are skipped. One write for all of them."""
+        fresh: dict[str, bytes] = {}
+        for digest, record in records:
+            if digest not in fresh and not self._known(digest):
+                fresh[digest] = record
+        if not fresh:
+            return
+        locations = self.store._writable_pack().append_records(list(fresh.values()))
+        self._publish_all(list(zip(fresh, locations, strict=True)))
+
+    def _put_delta(self, digest: str, data: bytes, base: str, base_data: bytes | None) -> bool:
+        location = self.store._committed.get(base)
+        if location is None or location.pack is None or location.depth >= MAX_DELTA_DEPTH:
+            return False
+        try:
+            if base_data is None:
+                base_data = self.store.read_bytes(base)
+        except DataLoss:
+            return False
+        compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
+        delta = compressor.compress(data) + compressor.flush()
+        # Worth it only when clearly smaller than the object compressed on its own would be.
+        if len(delta) * 4 > len(data):
+            return False
+        depth = location.depth + 1
+        body = _DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
+        self._publish(digest, self.store._writable_pack().append(digest, _DELTA, body, base, depth))
+        return True
+
+    def _stage(self) -> tuple[int, Path]:
+        path = self.store.staging / uuid.uuid4().hex
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+
+    def _put_loose(self, digest: str, chunks) -> None:
+        fd, staged = self._stage()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(RAW)
+                for chunk in chunks:
+                    out.write(chunk)
+        except OSError as exc:
+            staged.unlink(missing_ok=True)
+            raise _storage_error(exc) from exc
+        if not self._publish(digest, _StagedFile(None, path=staged)):
+            staged.unlink()
+
+    def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
+        """Stores the content readable from ``src_fd``; returns (digest, size read). See
+        ``put_bytes`` for ``similar``."""
+        if expected_size <= COMPRESS_LIMIT:
+            data = _read_all(src_fd, expected_size)
+            return self.put_bytes(data, similar), len(data)
+        hasher = hashlib.sha256()
+        size = 0
+        fd, staged = self._stage()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(RAW)
+                while chunk := os.read(src_fd, _CHUNK):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            staged.unlink(missing_ok=True)
+            raise _storage_error(exc) from exc
+        digest = hasher.hexdigest()
+        if self._known(digest) or not self._publish(digest, _StagedFile(None, path=staged)):
+            staged.unlink()
+        return digest, size
+
+    def reuse(self, digest: str) -> bool:
+        """Whether ``digest`` is already stored (committed, or written by this batch), so a
+        caller that knows the content's digest may reference it without writing it again."""
+        return self._known(digest)
+
+    def commit(self) -> None:
+        try:
+            self._make_durable()
+        except BaseException:
+            self.abort()
+            raise
+        committed = self.store._committed
+        loose = _Location(None)
+        for digest, location in self._pending.items():
+            previous = committed.get(digest)
+            if previous is not None:
+                self._count_dead(digest, previous)
+            if location.pack is None:
+                committed[digest] = loose
+            else:
+                committed[digest] = location
+                if location.kind == _DELTA:
+                    self.store._dependents.setdefault(location.base, set()).add(digest)
+        self._forget()
+        self._finish(True)
+
+    def _make_durable(self) -> None:
+        started = time.perf_counter()
+        for pack, end in self._pack_ends.items():
+            pack.sync_to(end)
+        loose = {digest: loc.path for digest, loc in self._pending.items() if isinstance(loc, _StagedFile)}
+        if loose:
+            self._make_loose_durable(loose)
+        if self._pack_ends or loose:
+            telemetry.made_durable(telemetry.Durable.OBJECTS, time.perf_counter() - started)
+
+    def _make_loose_durable(self, loose: dict[str, Path]) -> None:
+        try:
+            if len(loose) > _SYNCFS_THRESHOLD:
+                staging_fd = os.open(self.store.staging, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    _syncfs(staging_fd)
+                finally:
+                    os.close(staging_fd)
+            else:
+                for staged in loose.values():
+                    fd = os.open(staged, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            fanouts = set()
+            with self._rename_lock:
+                for digest, staged in loose.items():
+                    final = self.store.path_of(digest)
+                    if not final.parent.is_dir():
+                        final.parent.mkdir(exist_ok=True)
+                        fanouts.add(self.store.objects)
+                    os.replace(staged, final)
+                    fanouts.add(final.parent)
+            for directory in fanouts:
+                _fsync_dir(directory)
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+
+    def _forget(self) -> None:
+        staged = self.store._staged
+        with self.store._staged_lock:
+            for digest, location in self._pending.items():
+                if staged.get(digest) is location:
+                    del staged[digest]
+        self._pending.clear()
+        self._pack_ends.clear()
+
+    def abort(self) -> None:
+        """Drops the batch: its large objects are deleted, its packed records are left
+        unreferenced (never counted as stored) until the pack is collected."""
+        for digest, location in self._pending.items():
+            if isinstance(location, _StagedFile):
+                location.path.unlink(missing_ok=True)
+            else:
+                self._count_dead(digest, location)
+        self._forget()
+        self._finish(False)
+
+    def _count_dead(self, digest: str, location: _Location | None) -> None:
+        if location is not None:
+            self.store._mark_dead(digest, location)
+
+    def _finish(self, committed: bool) -> None:
+        callbacks, self._finished = self._finished, []
+        run_finish_callbacks(callbacks, committed)
+
+
+def run_finish_callbacks(callbacks: list[Callable[[bool], None]], committed: bool) -> None:
+    """Calls every callback of a finished batch, even after one has raised (each releases
+    something of its own: a lock, a paused collector), then raises the first error."""
+    error: BaseException | None = None
+    for callback in callbacks:
+        try:
+            callback(committed)
+        except BaseException as exc:
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
+
+
+def _read_all(fd: int, expected_size: int = _CHUNK) -> bytes:
+    """Everything readable from ``fd``; one read when the file has the size it was expected to."""
+    first = os.read(fd, expected_size + 1)
+    if len(first) == expected_size:
+        return first
+    parts = [first]
+    while chunk := os.read(fd, _CHUNK):
+        parts.append(chunk)
+    return b"".join(parts)
