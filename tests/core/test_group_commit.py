@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from checkpointd.core.metadata.db import CoreRows, Database
+from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
+from checkpointd.core.metadata.rows import CoreRows
 
 _metadata = MetaData()
 _ITEMS = Table("group_commit_items", _metadata, Column("key", String, primary_key=True), Column("group_size", Integer))

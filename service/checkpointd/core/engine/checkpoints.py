@@ -51,8 +51,9 @@ from checkpointd.core.kernel.errors import (
 )
 from checkpointd.core.kernel.faults import Point, crash_point, may_stall
 from checkpointd.core.kernel.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trigger, resolve_phase
-from checkpointd.core.metadata.db import CoreRows, Database, RowWriter
+from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, OperationRow, PlanRow, RollbackJournalRow, utcnow
+from checkpointd.core.metadata.rows import CoreRows, RowWriter
 from checkpointd.core.metadata.server_secrets import PAGE_TOKEN_KEY, shared_secret
 from checkpointd.core.restore.journal import (
     LEGACY_DIRECTORY,

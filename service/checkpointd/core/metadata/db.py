@@ -9,32 +9,29 @@ that a newer server has already moved past.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import logging
-import select
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Connection, Engine, Executable, Table, bindparam, event, insert, inspect, text, update
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy import Connection, Engine, Executable, event, inspect, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
-from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import Reason, ResourceExhausted
 from checkpointd.core.metadata import models  # noqa: F401 - registers the tables
+from checkpointd.core.metadata.group_commit import GroupCommit
+from checkpointd.core.metadata.rows import RowWriter, SqliteRows, was_dropped
 
 if TYPE_CHECKING:
     from checkpointd.core.metadata.postgres_rows import PostgresRows
@@ -322,308 +319,6 @@ class Database:
             self._locks_engine.dispose()
 
 
-class RowWriter(Protocol):
-    """The writes a group commit makes, on either database."""
-
-    def increment(self, counter: Column, key: Column, keys: list[object],
-                  also: Column | None = None) -> dict[object, tuple[int, object]]:
-        """Adds one to the integer ``counter`` in the rows whose ``key`` is in ``keys``; returns key ->
-        (new value, the row's ``also`` column or None), read in the same statement."""
-
-    def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
-        """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
-
-
-class CoreRows:
-    """A RowWriter on a SQLAlchemy connection: any database, and inside ORM sessions."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-
-    def increment(self, counter: Column, key: Column, keys: list[object],
-                  also: Column | None = None) -> dict[object, tuple[int, object]]:
-        result = self.connection.execute(_increment_statement(counter, key, also, one_key=False), {"keys": keys})
-        return {row[0]: (row[1], row[2] if also is not None else None) for row in result}
-
-    def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
-        self.connection.execute(_insert_statement(table), rows)
-
-
-#: The writers' statements by what they do: building one costs more than running it.
-_STATEMENTS: dict[tuple[object, ...], Executable] = {}
-
-
-def _increment_statement(counter: Column, key: Column, also: Column | None, *, one_key: bool) -> Executable:
-    """``counter = counter + 1`` in the row with ``:key`` (returning the new value), or in the
-    rows whose key is in ``:keys`` (returning key and value); either also returns ``also``."""
-    name = ("increment", counter.table.name, counter.name, key.name, also.name if also is not None else "", one_key)
-    statement = _STATEMENTS.get(name)
-    if statement is None:
-        where = key == bindparam("key") if one_key else key.in_(bindparam("keys", expanding=True))
-        returned = (counter,) if one_key else (key, counter)
-        if also is not None:
-            returned += (also,)
-        statement = _STATEMENTS[name] = (update(counter.table).where(where)
-                                         .values({counter.name: counter + 1}).returning(*returned))
-    return statement
-
-
-def _insert_statement(table: Table) -> Executable:
-    name = ("insert", table.name)
-    statement = _STATEMENTS.get(name)
-    if statement is None:
-        statement = _STATEMENTS[name] = insert(table)
-    return statement
-
-
-class _Compiled:
-    """A statement rendered once for one dialect, with its parameters' order and converters."""
-
-    __slots__ = ("sql", "_names", "_constants", "_converters")
-
-    def __init__(self, statement: Executable, dialect: Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = compiled.string
-        self._names = tuple(compiled.positiontup)
-        self._constants = compiled.params
-        self._converters = tuple(compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
-                                 for name in self._names)
-
-    def parameters(self, values: dict[str, object]) -> tuple[object, ...]:
-        constants = self._constants
-        out = []
-        for name, convert in zip(self._names, self._converters, strict=True):
-            value = values[name] if name in values else constants[name]
-            # Called for None too, as Core does (a JSON column turns it into 'null').
-            out.append(value if convert is None else convert(value))
-        return tuple(out)
-
-
-class DedicatedConnection:
-    """What the group commit's writers share: a driver connection taken out of the pool for
-    good, and Core statements compiled once for it (so column types convert values as Core
-    does). ``driver_error`` is the driver's base exception."""
-
-    driver_error: type[Exception] = Exception
-
-    def __init__(self, engine: Engine, dialect: Dialect) -> None:
-        self._dialect = dialect
-        proxied = engine.raw_connection()
-        self._driver = proxied.driver_connection
-        proxied.detach()
-        self._compiled: dict[Executable, _Compiled] = {}
-        self.closed = False
-
-    def usable(self) -> bool:
-        """False once the connection is closed (or found dropped): a new writer takes over."""
-        return not self.closed
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(self.driver_error):
-            self._driver.close()
-
-    def _compile(self, statement: Executable) -> _Compiled:
-        compiled = self._compiled.get(statement)
-        if compiled is None:
-            compiled = self._compiled[statement] = _Compiled(statement, self._dialect)
-        return compiled
-
-
-class SqliteRows(DedicatedConnection):
-    """A RowWriter on one dedicated SQLite connection.
-
-    Statements run on the driver's cursor. Driver errors come out as SQLAlchemy's (an
-    ``IntegrityError`` stays one). Callers serialize its use."""
-
-    driver_error = sqlite3.Error
-
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine, engine.dialect)
-        # Autocommit mode: this connection's transactions are the explicit BEGIN IMMEDIATE below.
-        self._driver.isolation_level = None
-        self._cursor = self._driver.cursor()
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        self._run("BEGIN IMMEDIATE", ())
-        try:
-            yield
-            self._run("COMMIT", ())
-        except BaseException:
-            try:
-                if self._driver.in_transaction:
-                    self._driver.execute("ROLLBACK")
-            except sqlite3.Error:
-                # A connection that cannot roll back is not used again.
-                self.close()
-            raise
-
-    def _run(self, sql: str, parameters: tuple[object, ...]) -> sqlite3.Cursor:
-        try:
-            return self._cursor.execute(sql, parameters)
-        except sqlite3.Error as error:
-            raise DBAPIError.instance(sql, parameters, error, sqlite3.Error) from error
-
-    def increment(self, counter: Column, key: Column, keys: list[object],
-                  also: Column | None = None) -> dict[object, tuple[int, object]]:
-        compiled = self._compile(_increment_statement(counter, key, also, one_key=True))
-        values = {}
-        for value in keys:
-            row = self._run(compiled.sql, compiled.parameters({"key": value})).fetchone()
-            if row is not None:
-                values[value] = (row[0], row[1] if also is not None else None)
-        return values
-
-    def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
-        compiled = self._compile(_insert_statement(table))
-        for row in rows:
-            self._run(compiled.sql, compiled.parameters(row))
-
-
-class _Unit(Generic[U]):
-    __slots__ = ("item", "finished", "error", "prepare", "future")
-
-    def __init__(self, item: U, prepare: Callable[[], None] | None = None, future: Future[None] | None = None) -> None:
-        self.item = item
-        self.finished = False
-        self.error: BaseException | None = None
-        #: Work the committing thread does for this item before its transaction (see ``submit_nowait``).
-        self.prepare = prepare
-        #: Set for items submitted without waiting: completed when the item is written or has failed.
-        self.future = future
-
-
-class GroupCommit(Generic[U]):
-    """Group commit: items submitted by concurrent callers are written together, in one
-    transaction, so one commit (one log fsync) and one statement per table serve every item
-    waiting at that moment.
-
-    The first caller of ``submit`` to find no group running leads one with every item queued so
-    far, its own included; the others wait for theirs to be written or for their turn to lead. A
-    caller alone pays nothing extra. Callers that must not block (an event loop) use
-    ``submit_nowait``; a thread of the group commit's own leads when no caller does.
-    ``write(rows, items)`` writes a group. If a group's transaction fails, each of its items is
-    written again alone, so one item's error (a request_id taken before) fails only that item;
-    ``write`` must therefore not change anything outside the database that a second run would not set again.
-    """
-
-    def __init__(self, transaction: Callable[[], contextlib.AbstractContextManager[RowWriter]],
-                 write: Callable[[RowWriter, list[U]], None]) -> None:
-        self._transaction = transaction
-        self._write = write
-        self._queue: list[_Unit[U]] = []
-        self._leading = False
-        guard = threading.Lock()
-        self._turn = threading.Condition(guard)
-        #: Wakes the group commit's own thread: items of ``submit_nowait`` wait and nobody leads.
-        self._unled = threading.Condition(guard)
-        self._committer: threading.Thread | None = None
-        self._closed = False
-
-    def submit(self, item: U) -> None:
-        """Returns once ``item`` is committed; raises what writing it raised."""
-        unit = _Unit(item)
-        with self._turn:
-            self._queue.append(unit)
-            while self._leading and not unit.finished:
-                self._turn.wait()
-            if not unit.finished:
-                self._leading = True
-                group, self._queue = self._queue, []
-        if not unit.finished:
-            self._lead(group)
-        if unit.error is not None:
-            raise unit.error
-
-    def submit_nowait(self, item: U, prepare: Callable[[], None] | None = None) -> Future[None]:
-        """Queues ``item`` and returns at once: the future completes when the item is committed
-        (or fails with what writing it raised). ``prepare`` runs on the committing thread before
-        the item's transaction, so that a caller that must not block hands its blocking work over
-        (making durable the objects the item references); if it raises, the item fails alone."""
-        unit = _Unit(item, prepare, Future())
-        with self._turn:
-            if self._closed:
-                raise RuntimeError("the group commit is closed")
-            self._queue.append(unit)
-            if self._committer is None:
-                self._committer = threading.Thread(target=self._lead_unled, name="group-commit", daemon=True)
-                self._committer.start()
-            if not self._leading:
-                self._unled.notify()
-        return unit.future
-
-    def close(self) -> None:
-        """Ends the group commit's own thread once the items queued without waiting are written."""
-        with self._turn:
-            self._closed = True
-            self._unled.notify()
-            committer = self._committer
-        if committer is not None:
-            committer.join()
-
-    def _lead_unled(self) -> None:
-        while True:
-            with self._turn:
-                while self._leading or not self._queue:
-                    if self._closed and not self._queue:
-                        return
-                    self._unled.wait()
-                self._leading = True
-                group, self._queue = self._queue, []
-            self._lead(group)
-
-    def _lead(self, group: list[_Unit[U]]) -> None:
-        try:
-            self._apply(group)
-        finally:
-            with self._turn:
-                self._leading = False
-                self._turn.notify_all()
-                if self._queue:
-                    self._unled.notify()
-
-    def _apply(self, group: list[_Unit[U]]) -> None:
-        ready = []
-        for unit in group:
-            if unit.prepare is not None:
-                try:
-                    unit.prepare()
-                except BaseException as exc:
-                    self._finish(unit, exc)
-                    continue
-                # A lone second attempt (below) does not prepare again.
-                unit.prepare = None
-            ready.append(unit)
-        if not ready:
-            return
-        started = time.perf_counter()
-        try:
-            with self._transaction() as rows:
-                self._write(rows, [unit.item for unit in ready])
-        except BaseException as exc:
-            if len(ready) == 1 or not isinstance(exc, Exception):
-                for unit in ready:
-                    self._finish(unit, exc)
-                return
-            for unit in ready:
-                self._apply([unit])
-            return
-        telemetry.made_durable(telemetry.Durable.METADATA, time.perf_counter() - started)
-        for unit in ready:
-            self._finish(unit, None)
-
-    @staticmethod
-    def _finish(unit: _Unit[U], error: BaseException | None) -> None:
-        unit.error, unit.finished = error, True
-        if unit.future is None:
-            return
-        if error is None:
-            unit.future.set_result(None)
-        else:
-            unit.future.set_exception(error)
-
-
 class AdvisoryLock:
     """A PostgreSQL session-level advisory lock held on its own pooled connection (checked
     by use rather than by a ping: a lock statement on a dropped connection is retried once).
@@ -706,18 +401,8 @@ def _discard_if_dropped(dbapi_connection, _record, _proxy) -> None:
     that costs no round trip, where ``pool_pre_ping`` sends a query on every checkout. The pool
     retries a checkout on ``DisconnectionError`` with a new connection. A connection that dies
     silently with its host is not caught here, nor by a ping until TCP gives up."""
-    if _was_dropped(dbapi_connection):
+    if was_dropped(dbapi_connection):
         raise DisconnectionError("the server ended this pooled connection")
-
-
-def _was_dropped(connection) -> bool:
-    """Whether an idle connection is closed, or its socket has something to read: the server's
-    farewell (see ``_discard_if_dropped``)."""
-    if connection.closed or connection.broken:
-        return True
-    poller = select.poll()
-    poller.register(connection.fileno(), select.POLLIN | select.POLLPRI)
-    return bool(poller.poll(0))
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -10,7 +10,7 @@ import psycopg
 from sqlalchemy import Column, Engine, Table
 from sqlalchemy.exc import DBAPIError
 
-from checkpointd.core.metadata.db import DedicatedConnection, _increment_statement, _insert_statement, _was_dropped
+from checkpointd.core.metadata.rows import DedicatedConnection, increment_statement, insert_statement, was_dropped
 
 
 class PostgresRows(DedicatedConnection):
@@ -58,11 +58,11 @@ class PostgresRows(DedicatedConnection):
             self.close()
 
     def usable(self) -> bool:
-        return not self.closed and not _was_dropped(self._driver)
+        return not self.closed and not was_dropped(self._driver)
 
     def increment(self, counter: Column, key: Column, keys: list[object],
                   also: Column | None = None) -> dict[object, tuple[int, object]]:
-        compiled = self._compile(_increment_statement(counter, key, also, one_key=True))
+        compiled = self._compile(increment_statement(counter, key, also, one_key=True))
         cursor = self._cursor
         try:
             cursor.executemany(compiled.sql, [compiled.parameters({"key": value}) for value in keys], returning=True)
@@ -78,7 +78,7 @@ class PostgresRows(DedicatedConnection):
         return values
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
-        compiled = self._compile(_insert_statement(table))
+        compiled = self._compile(insert_statement(table))
         try:
             self._cursor.executemany(compiled.sql, [compiled.parameters(row) for row in rows])
         except psycopg.Error as error:
