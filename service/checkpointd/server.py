@@ -42,7 +42,8 @@ from checkpointd.api.config_servicer import AsyncConfigServicer
 from checkpointd.api.drain import Drain, DrainInterceptor
 from checkpointd.api.interceptors import ErrorInterceptor, HandlerInterceptor
 from checkpointd.core.config.registry import ConfigStore
-from checkpointd.core.engine.checkpoints import Checkpoints, EngineSettings
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.maintenance.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
 from checkpointd.core.maintenance.fsck import FsckReport

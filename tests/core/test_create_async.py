@@ -15,8 +15,10 @@ import pytest
 from ulid import ULID
 
 from checkpointd.core.config.registry import ConfigStore
-from checkpointd.core.engine import checkpoints as checkpoints_module
-from checkpointd.core.engine.checkpoints import LOOP_STATE_LIMIT, Checkpoints, CreateRequest, EngineSettings
+from checkpointd.core.engine import create as create_module
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.create import LOOP_STATE_LIMIT
+from checkpointd.core.engine.requests import CreateRequest, EngineSettings
 from checkpointd.core.kernel.errors import InvalidArgument, Reason
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.content_store import ContentStore
@@ -112,7 +114,7 @@ def test_every_create_that_could_wait_runs_in_a_thread(engine, tmp_path, monkeyp
     collector.join(timeout=30)
     assert threads.ran == ["create"] * 4, "garbage collection held the store"
 
-    monkeypatch.setattr(checkpoints_module, "may_stall", lambda *points: True)
+    monkeypatch.setattr(create_module, "may_stall", lambda *points: True)
     _create(engine, threads, plan_id)
     assert threads.ran == ["create"] * 5, "a fault that stalls is configured"
     assert engine.count(plan_id) == 4
@@ -121,7 +123,7 @@ def test_every_create_that_could_wait_runs_in_a_thread(engine, tmp_path, monkeyp
 def test_a_busy_plan_is_served_in_a_thread_once_it_is_free(engine):
     plan_id, threads = str(ULID()), Threads()
     _create(engine, threads, plan_id)
-    release = engine._try_plan_lock(plan_id)
+    release = engine.plans.try_lock(plan_id)
     assert release is not None
 
     async def while_busy():
@@ -174,7 +176,7 @@ def test_a_cancelled_create_is_committed_and_holds_its_plan_until_then(engine, m
     plan_id, threads = str(ULID()), Threads()
     _create(engine, threads, plan_id)
     writing, finish = threading.Event(), threading.Event()
-    group_commit = engine._new_checkpoints
+    group_commit = engine.parts.new_checkpoints
     write = group_commit._write
 
     def slow_write(rows, items):
@@ -192,10 +194,10 @@ def test_a_cancelled_create_is_committed_and_holds_its_plan_until_then(engine, m
             await task
 
     asyncio.run(cancelled())
-    assert engine._try_plan_lock(plan_id) is None, "the plan stays locked while its commit runs"
+    assert engine.plans.try_lock(plan_id) is None, "the plan stays locked while its commit runs"
     finish.set()
     group_commit.close()
-    release = engine._try_plan_lock(plan_id)
+    release = engine.plans.try_lock(plan_id)
     assert release is not None, "the commit's end freed the plan"
     release()
     assert engine.count(plan_id) == 2
@@ -214,7 +216,7 @@ def test_a_new_state_is_synced_before_the_row_that_references_it_is_committed(en
         if fd in packs:
             events.append("pack synced")
 
-    group_commit = engine._new_checkpoints
+    group_commit = engine.parts.new_checkpoints
     transaction = group_commit._transaction
 
     @contextmanager

@@ -14,8 +14,9 @@ from sqlalchemy import event
 from ulid import ULID
 
 from checkpointd.core.config.registry import ConfigStore
-from checkpointd.core.engine import checkpoints as checkpoints_module
-from checkpointd.core.engine.checkpoints import Checkpoints, CreateRequest, EngineSettings
+from checkpointd.core.engine import plans as plans_module
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import CreateRequest, EngineSettings
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import open_store
 
@@ -43,7 +44,7 @@ def plan_reads(statements: list[str]) -> int:
 
 def test_plans_beyond_the_limit_are_forgotten_oldest_first_and_read_again(engine, monkeypatch):
     checkpoints, statements = engine
-    monkeypatch.setattr(checkpoints_module, "MAX_REMEMBERED_PLANS", 3)
+    monkeypatch.setattr(plans_module, "MAX_REMEMBERED_PLANS", 3)
     plans = [str(ULID()) for _ in range(4)]
     for plan_id in plans:
         checkpoints.create(CreateRequest(plan_id=plan_id, state=b"first"))
@@ -62,7 +63,7 @@ def test_a_plan_lock_is_dropped_with_its_last_user_and_still_serializes(engine):
     release = threading.Event()
 
     def hold() -> None:
-        with checkpoints._plan_lock(plan_id):
+        with checkpoints.plans.lock(plan_id):
             inside.set()
             release.wait(10)
 

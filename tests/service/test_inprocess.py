@@ -18,7 +18,8 @@ from checkpointd.api.checkpoint_servicer import CheckpointServicer
 from checkpointd.api.config_servicer import ConfigServicer
 from checkpointd.api.interceptors import ErrorInterceptor
 from checkpointd.core.config.registry import ConfigStore
-from checkpointd.core.engine.checkpoints import Checkpoints, EngineSettings
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store import content_store as store_module
 from checkpointd.core.store.content_store import ContentStore

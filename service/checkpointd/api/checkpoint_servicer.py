@@ -12,7 +12,8 @@ import grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
-from checkpointd.core.engine.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import CreateRequest, RollbackRequest, Scope
 
 T = TypeVar("T")
 

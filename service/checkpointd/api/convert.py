@@ -15,7 +15,7 @@ from checkpoint.v1 import admin_service_pb2 as admin_pb
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpointd.core.config.registry import Effective, Source
-from checkpointd.core.engine.checkpoints import Checkpoint, Scope
+from checkpointd.core.engine.requests import Checkpoint, Scope
 from checkpointd.core.kernel.errors import InvalidArgument, Reason
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
 from checkpointd.core.maintenance.fsck import FindingKind, FsckReport

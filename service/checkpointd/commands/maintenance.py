@@ -11,7 +11,8 @@ from rich.table import Table
 from checkpointd.commands import render
 from checkpointd.commands.failures import on_interrupt
 from checkpointd.core.config.registry import ConfigStore
-from checkpointd.core.engine.checkpoints import Checkpoints, EngineSettings
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
 from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport
 from checkpointd.core.metadata.db import Database
