@@ -31,48 +31,44 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import hashlib
 import logging
 import os
-import struct
 import threading
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import zstandard
-
 from checkpointd.core.kernel import telemetry
-from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
-from checkpointd.core.kernel.faults import Point, crash_point
+from checkpointd.core.kernel.errors import DataLoss, Reason
+from checkpointd.core.store.compaction import Compaction
+from checkpointd.core.store.pack_replay import PackReplay
+from checkpointd.core.store.packs import (
+    BODY_ERRORS,
+    DELTA,
+    DELTA_HEADER,
+    PACK_HEADER,
+    PACK_MAGIC,
+    Location,
+    Pack,
+    Recovery,
+    dead_key,
+    fsync_dir,
+    storage_error,
+    zstd_decompress,
+)
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
 
 log = logging.getLogger("checkpointd.store")
 
-#: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
-#: processes share (see ``readworker``).
-_DELTA = b"X"
-_DELETED = b"D"
-_KINDS = (RAW, ZLIB, ZSTD, _DELTA, _DELETED)
-#: A delta is zlib with the content of another object (its base) as preset dictionary:
-#: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
-#: directory node is stored against the previous one; chains stay short to bound reads.
-_DELTA_HEADER = struct.Struct(">32sB")
 MAX_DELTA_DEPTH = 8
 #: zlib looks back 32 KiB at most: beyond that a base helps little.
 _DELTA_LIMIT = 64 << 10
 _CHUNK = 1 << 20
 
-#: Packs that may hold zstd records. A server from before zstd refuses such a pack as "not a
-#: pack" rather than taking its first zstd record for a torn tail and cutting the rest off.
-_PACK_MAGIC = b"CKPTPAK2"
-#: Packs written before zstd (raw and zlib records only): read, never appended to.
-_PACK_MAGIC_ZLIB = b"CKPTPAK1"
-_PACK_HEADER = struct.Struct(">8sQ")
 #: A pack stops taking new records past this size; a new one is started. Tests shrink it
 #: (``CHECKPOINTD_PACK_ROTATE_BYTES``) to make a server rotate and compact packs within a test.
 PACK_ROTATE_BYTES = int(os.environ.get("CHECKPOINTD_PACK_ROTATE_BYTES") or 256 << 20)
@@ -89,49 +85,8 @@ def _syncfs(fd: int) -> None:
         os.sync()
 
 
-#: What a corrupt record body raises when it is decoded.
-_BODY_ERRORS = (zlib.error, zstandard.ZstdError)
-_decompressors = threading.local()
-
-
-def _zstd_decompress(body: bytes) -> bytes:
-    """A zstd record's content. Only objects up to COMPRESS_LIMIT are packed: a frame that says
-    it holds more is corrupt, and is not given the memory it asks for."""
-    size = zstandard.frame_content_size(body)
-    if not 0 <= size <= COMPRESS_LIMIT:
-        raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
-    decompressor = getattr(_decompressors, "decompressor", None)
-    if decompressor is None:
-        decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
-    return decompressor.decompress(body, max_output_size=COMPRESS_LIMIT)
-
-
 def digest_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """Writes all of ``data``; a short write is retried, so a full disk surfaces as ENOSPC."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written == 0:
-            raise OSError(errno.ENOSPC, "no space left to append to the pack")
-        view, offset = view[written:], offset + written
-
-
-def _storage_error(exc: OSError) -> Exception:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ResourceExhausted(Reason.STORAGE_EXHAUSTED, f"content store is full: {exc.strerror}")
-    return exc
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SharedExclusiveLock:
@@ -179,108 +134,7 @@ class SharedExclusiveLock:
                 self._cond.notify_all()
 
 
-@dataclass(frozen=True, slots=True)
-class _Location:
-    """Where an object's body is: a pack and offset, or (pack None) its loose file."""
-
-    pack: _Pack | None
-    offset: int = 0
-    length: int = 0
-    kind: bytes = RAW
-    #: Deltas only: the base's digest and how many deltas deep this one is.
-    base: str = ""
-    depth: int = 0
-
-
-def _dead_key(digest: str) -> int:
-    """What ``ContentStore._dead_keys`` holds of a digest: its first 64 bits (a false match
-    only keeps a tombstone that is not needed)."""
-    return int(digest[:16], 16)
-
-
-@dataclass
-class _Recovery:
-    """What opening the packs learns besides the index, for ``ContentStore._settle_deltas``."""
-
-    #: Deltas written past their pack's durable hint, not verified yet.
-    unverified: list[tuple[str, _Location]] = field(default_factory=list)
-    #: Earlier records of an object whose latest record is a delta, oldest first (rare: two
-    #: batches wrote it at once), to fall back on when that delta does not resolve.
-    superseded: dict[str, list[_Location]] = field(default_factory=dict)
-
-    def record(self, digest: str, location: _Location, previous: _Location | None) -> None:
-        if location.kind != _DELTA:
-            self.superseded.pop(digest, None)
-        elif previous is not None:
-            self.superseded.setdefault(digest, []).append(previous)
-
-
-class _Pack:
-    """One append-only pack file. Appends are serialized; syncs are shared (group commit)."""
-
-    def __init__(self, path: Path, number: int, fd: int, size: int, durable: int) -> None:
-        self.path = path
-        self.number = number
-        self.fd = fd
-        self.size = size
-        self.durable = durable
-        #: False for a pack from before zstd records (see _PACK_MAGIC_ZLIB).
-        self.appendable = True
-        self._append_lock = threading.Lock()
-        self._sync_lock = threading.Lock()
-
-    def append(self, digest: str, kind: bytes, body: bytes, base: str = "", depth: int = 0) -> _Location:
-        offset = self._append(RECORD.pack(bytes.fromhex(digest), kind, len(body)) + body)
-        return _Location(self, offset + RECORD.size, len(body), kind, base, depth)
-
-    def append_records(self, records: list[bytes]) -> list[_Location]:
-        """Appends whole records (header and body) with one write; their locations, in order."""
-        offset = self._append(b"".join(records))
-        locations = []
-        header = RECORD.size
-        for record in records:
-            locations.append(_Location(self, offset + header, len(record) - header, record[32:33]))
-            offset += len(record)
-        return locations
-
-    def _append(self, data: bytes) -> int:
-        """Writes ``data`` at the end of the pack; returns where it starts. A write that fails
-        part-way is cut off again, so the pack never ends in a torn record of ours."""
-        with self._append_lock:
-            offset = self.size
-            try:
-                _pwrite_all(self.fd, data, offset)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self.fd, offset)
-                raise _storage_error(exc) from exc
-            self.size = offset + len(data)
-        return offset
-
-    def sync_to(self, end: int) -> None:
-        """Makes the pack durable at least up to ``end``; one fdatasync serves every waiter."""
-        if self.durable >= end:
-            return
-        with self._sync_lock:
-            if self.durable >= end:
-                return
-            target = self.size
-            try:
-                os.fdatasync(self.fd)
-            except OSError as exc:
-                raise _storage_error(exc) from exc
-            self.durable = target
-            # A hint for recovery, made durable by the next sync: records before it need no check.
-            os.pwrite(self.fd, struct.pack(">Q", target), 8)
-
-    def read(self, location: _Location) -> bytes:
-        data = os.pread(self.fd, location.length, location.offset)
-        if len(data) != location.length:
-            raise OSError(errno.EIO, f"pack {self.path.name} is truncated")
-        return data
-
-
-class ContentStore:
+class ContentStore(PackReplay, Compaction):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.objects = root / "objects"
@@ -290,21 +144,21 @@ class ContentStore:
             directory.mkdir(parents=True, exist_ok=True)
         self._clear_staging()
         #: Committed objects: durable, counted by ``has``.
-        self._committed: dict[str, _Location] = {}
+        self._committed: dict[str, Location] = {}
         #: Objects written by open batches, readable before they are committed.
-        self._staged: dict[str, _Location] = {}
+        self._staged: dict[str, Location] = {}
         self._staged_lock = threading.Lock()
         self._gc_fence = SharedExclusiveLock()
-        self._packs: list[_Pack] = []
-        self._active: _Pack | None = None
+        self._packs: list[Pack] = []
+        self._active: Pack | None = None
         self._pack_lock = threading.Lock()
         #: Bytes of records in each pack that nothing indexes any more (deleted or superseded).
-        self._dead: dict[_Pack, int] = {}
+        self._dead: dict[Pack, int] = {}
         #: Which objects have such a dead record in each pack (the first 64 bits of their digest):
         #: whether a compacted pack's tombstone still ends a record somewhere older.
-        self._dead_keys: dict[_Pack, set[int]] = {}
+        self._dead_keys: dict[Pack, set[int]] = {}
         #: Compacted packs, already unlinked; their fds stay open for reads still in flight.
-        self._retired: list[_Pack] = []
+        self._retired: list[Pack] = []
         #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
         self.deletions = 0
         #: base digest -> digests stored as deltas against it (rewritten in full before it is deleted)
@@ -333,7 +187,7 @@ class ContentStore:
                 leftover.unlink()
 
     def _index_loose(self) -> None:
-        loose = _Location(None)
+        loose = Location(None)
         for fanout in self.objects.iterdir():
             for obj in fanout.iterdir():
                 self._committed[fanout.name + obj.name] = loose
@@ -341,147 +195,40 @@ class ContentStore:
     # -- packs --------------------------------------------------------------------------
 
     def _open_packs(self) -> None:
-        recovery = _Recovery()
+        recovery = Recovery()
         for path in sorted(self.packs_dir.glob("pack-*.pack")):
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-            pack = _Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
+            pack = Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
             self._recover(pack, recovery)
             self._packs.append(pack)
         if self._packs and self._packs[-1].appendable and self._packs[-1].size < PACK_ROTATE_BYTES:
             self._active = self._packs[-1]
         self._settle_deltas(recovery)
 
-    def _records(self, pack: _Pack, size: int) -> Iterator[tuple[str, bytes, int, int]]:
-        """A pack's well-formed records up to ``size``, in order: (digest, kind, body offset,
-        body length). Stops at the first that is not (a torn tail)."""
-        offset = _PACK_HEADER.size
-        buffer, buffer_start = b"", offset
-        while offset + RECORD.size <= size:
-            if offset + RECORD.size > buffer_start + len(buffer):
-                buffer, buffer_start = os.pread(pack.fd, 4 << 20, offset), offset
-            raw_digest, kind, length = RECORD.unpack_from(buffer, offset - buffer_start)
-            body_at = offset + RECORD.size
-            if kind not in _KINDS or body_at + length > size:
-                return
-            yield raw_digest.hex(), kind, body_at, length
-            offset = body_at + length
-
-    def _recover(self, pack: _Pack, recovery: _Recovery) -> None:
-        """Indexes a pack's records; past the durable hint each one is verified, and the
-        first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
-        size = os.fstat(pack.fd).st_size
-        magic, durable_hint = _PACK_HEADER.unpack(os.pread(pack.fd, _PACK_HEADER.size, 0).ljust(16, b"\0"))
-        if magic not in (_PACK_MAGIC, _PACK_MAGIC_ZLIB):
-            raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
-        pack.appendable = magic == _PACK_MAGIC
-        end = _PACK_HEADER.size
-        for digest, kind, body_at, length in self._records(pack, size):
-            if kind == _DELTA:
-                if length < _DELTA_HEADER.size:
-                    break
-                raw_base, depth = _DELTA_HEADER.unpack(os.pread(pack.fd, _DELTA_HEADER.size, body_at))
-                location = _Location(pack, body_at, length, kind, raw_base.hex(), depth)
-            else:
-                location = _Location(pack, body_at, length, kind)
-            if body_at + length > durable_hint and kind != _DELETED:
-                if kind == _DELTA:
-                    # Its base may be in a later pack (moved by a compaction): checked once all are read.
-                    recovery.unverified.append((digest, location))
-                elif not self._verifies(digest, location):
-                    break
-            end = body_at + length
-            previous = self._committed.pop(digest, None)
-            if previous is not None:
-                self._mark_dead(digest, previous)
-            recovery.record(digest, location, previous)
-            if kind != _DELETED:
-                self._committed[digest] = location
-                if kind == _DELTA:
-                    self._dependents.setdefault(location.base, set()).add(digest)
-        if end != size:
-            os.ftruncate(pack.fd, end)
-            os.fsync(pack.fd)
-        pack.size = pack.durable = end
-
-    def _settle_deltas(self, recovery: _Recovery) -> None:
-        """Once every pack is read: a delta written past a durable hint must reproduce its
-        object, and every delta's chain of bases must end in a stored whole object (a
-        tombstone lost with a compacted pack, or a batch's record left behind, may have
-        indexed one whose base is gone). Headers only, but for the deltas not known durable."""
-        for digest, location in recovery.unverified:
-            if self._committed.get(digest) is location and not self._verifies(digest, location):
-                log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
-                self._fall_back(digest, recovery)
-        resolved: dict[str, bool] = {}
-        for digest in [d for d, location in self._committed.items() if location.kind == _DELTA]:
-            self._resolves(digest, recovery, resolved)
-
-    def _resolves(self, digest: str, recovery: _Recovery, resolved: dict[str, bool]) -> bool:
-        """Whether ``digest`` is readable from what is indexed, dropping (or falling back
-        from) every delta on its chain that is not."""
-        chain: dict[str, None] = {}
-        current = digest
-        while True:
-            if current in resolved:
-                ok = resolved[current]
-                break
-            location = self._committed.get(current)
-            if location is None or current in chain:
-                ok = False
-                break
-            if location.kind != _DELTA:
-                ok = resolved[current] = True
-                break
-            chain[current] = None
-            current = location.base
-        for delta in reversed(chain):
-            if delta in resolved:  # settled meanwhile, on the chain of a record fallen back on
-                ok = resolved[delta]
-                continue
-            if not ok:
-                log.warning("dropping %s: it is a delta against %s, which is not stored", delta,
-                            self._committed[delta].base)
-                ok = self._fall_back(delta, recovery, resolved)
-            resolved[delta] = ok
-        return ok
-
-    def _fall_back(self, digest: str, recovery: _Recovery, resolved: dict[str, bool] | None = None) -> bool:
-        """Drops the indexed record of ``digest``; an earlier record of it that resolves
-        (one a later batch's record superseded) takes its place. Whether one did."""
-        self._mark_dead(digest, self._committed.pop(digest))
-        for earlier in reversed(recovery.superseded.pop(digest, [])):
-            self._committed[digest] = earlier
-            if earlier.pack is not None:
-                self._dead[earlier.pack] -= RECORD.size + earlier.length
-            if earlier.kind != _DELTA or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
-                return True
-            self._mark_dead(digest, self._committed.pop(digest))
-        return False
-
-    def _mark_dead(self, digest: str, location: _Location) -> None:
+    def _mark_dead(self, digest: str, location: Location) -> None:
         """Counts a record nothing indexes any more (deleted, superseded, or never committed)."""
         pack = location.pack
         if pack is not None:
             self._dead[pack] = self._dead.get(pack, 0) + RECORD.size + location.length
-            self._dead_keys.setdefault(pack, set()).add(_dead_key(digest))
+            self._dead_keys.setdefault(pack, set()).add(dead_key(digest))
 
-    def _verifies(self, digest: str, location: _Location) -> bool:
+    def _verifies(self, digest: str, location: Location) -> bool:
         try:
             return hashlib.sha256(self._unpack(location, location.pack.read(location))).hexdigest() == digest
-        except (OSError, *_BODY_ERRORS, DataLoss):
+        except (OSError, *BODY_ERRORS, DataLoss):
             return False
 
-    def _unpack(self, location: _Location, body: bytes) -> bytes:
+    def _unpack(self, location: Location, body: bytes) -> bytes:
         if location.kind == ZSTD:
-            return _zstd_decompress(body)
+            return zstd_decompress(body)
         if location.kind == ZLIB:
             return zlib.decompress(body)
-        if location.kind == _DELTA:
+        if location.kind == DELTA:
             decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
-            return decompressor.decompress(body[_DELTA_HEADER.size:]) + decompressor.flush()
+            return decompressor.decompress(body[DELTA_HEADER.size:]) + decompressor.flush()
         return body
 
-    def _writable_pack(self) -> _Pack:
+    def _writable_pack(self) -> Pack:
         active = self._active
         if active is not None and active.size < PACK_ROTATE_BYTES:
             return active
@@ -491,7 +238,7 @@ class ContentStore:
                 self._packs.append(self._active)
             return self._active
 
-    def _new_pack(self) -> _Pack:
+    def _new_pack(self) -> Pack:
         """A new, empty pack: written and synced under a staging name, then renamed into place."""
         number = (self._packs[-1].number + 1) if self._packs else 1
         final = self.packs_dir / f"pack-{number:06d}.pack"
@@ -499,17 +246,17 @@ class ContentStore:
         try:
             fd = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise _storage_error(exc) from exc
+            raise storage_error(exc) from exc
         try:
-            os.write(fd, _PACK_HEADER.pack(_PACK_MAGIC, _PACK_HEADER.size))
+            os.write(fd, PACK_HEADER.pack(PACK_MAGIC, PACK_HEADER.size))
             os.fsync(fd)
             os.rename(staged, final)
-            _fsync_dir(self.packs_dir)
+            fsync_dir(self.packs_dir)
         except OSError as exc:
             os.close(fd)
             staged.unlink(missing_ok=True)
-            raise _storage_error(exc) from exc
-        return _Pack(final, number, fd, _PACK_HEADER.size, _PACK_HEADER.size)
+            raise storage_error(exc) from exc
+        return Pack(final, number, fd, PACK_HEADER.size, PACK_HEADER.size)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -527,7 +274,7 @@ class ContentStore:
     def read_bytes(self, digest: str) -> bytes:
         return b"".join(self.iter_chunks(digest))
 
-    def _locate(self, digest: str) -> _Location | None:
+    def _locate(self, digest: str) -> Location | None:
         location = self._committed.get(digest)
         if location is None:
             with self._staged_lock:
@@ -555,7 +302,7 @@ class ContentStore:
         if location is not None and location.pack is not None:
             try:
                 data = self._unpack(location, location.pack.read(location))
-            except (OSError, *_BODY_ERRORS) as exc:
+            except (OSError, *BODY_ERRORS) as exc:
                 raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
                                digest=digest) from exc
             if hashlib.sha256(data).hexdigest() != digest:
@@ -583,79 +330,6 @@ class ContentStore:
                 yield chunk
         if hasher.hexdigest() != digest:
             raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
-
-    # -- deleting -----------------------------------------------------------------------
-
-    def delete(self, digest: str) -> None:
-        self._rewrite_dependents(digest)
-        location = self._committed.pop(digest, None)
-        self.deletions += 1
-        with contextlib.suppress(FileNotFoundError):
-            self.path_of(digest).unlink()
-        if location is not None and location.pack is not None:
-            # Recorded so that a reopened store does not index it again.
-            self._writable_pack().append(digest, _DELETED, b"")
-            self._mark_dead(digest, location)
-            pack = location.pack
-            if pack is not self._active and self._dead[pack] * 2 > pack.size:
-                self._compact(pack)
-
-    def _rewrite_dependents(self, base: str) -> None:
-        """Stores in full every object kept as a delta against ``base``, before ``base`` goes."""
-        rewritten: dict[_Pack, int] = {}
-        for dependent in self._dependents.pop(base, set()):
-            location = self._committed.get(dependent)
-            if location is None or location.kind != _DELTA or location.base != base:
-                continue
-            kind, body = pack_body(self.read_bytes(dependent))
-            new = self._writable_pack().append(dependent, kind, body)
-            rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
-            self._mark_dead(dependent, location)
-            self._committed[dependent] = new
-        for pack, end in rewritten.items():
-            pack.sync_to(end)
-
-    def _compact(self, pack: _Pack) -> None:
-        """Moves a mostly dead pack's live records to the active pack, then removes it. Called
-        by ``delete``, that is under ``collecting()``: no batch is between writing and committing.
-
-        The pack's tombstones of objects that are not stored again go along while an older
-        pack may still hold a record they end: without them a reopened store would index
-        those records again. Everything appended so far is made durable before the pack goes,
-        so a crash at any step leaves either the pack or its replacement records."""
-        moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
-        tombstones = {digest for digest, kind, _body, _length in self._records(pack, pack.size) if kind == _DELETED}
-        carried = [digest for digest in sorted(tombstones)
-                   if digest not in self._committed and digest not in self._staged
-                   and self._older_pack_may_hold(digest, pack)]
-        target = self._writable_pack()
-        moved = {digest: target.append(digest, location.kind, pack.read(location), location.base, location.depth)
-                 for digest, location in moving}
-        if carried:
-            target.append_records([RECORD.pack(bytes.fromhex(digest), _DELETED, 0) for digest in carried])
-        crash_point(Point.COMPACT_COPIED)
-        for written in list(self._packs):
-            written.sync_to(written.size)
-        for digest, location in moved.items():
-            if self._committed.get(digest) is not None:
-                self._committed[digest] = location
-        with self._pack_lock:
-            for old in self._retired:
-                os.close(old.fd)
-            self._retired = [pack]
-            self._packs.remove(pack)
-            self._dead.pop(pack, None)
-            self._dead_keys.pop(pack, None)
-        crash_point(Point.COMPACT_SYNCED)
-        pack.path.unlink(missing_ok=True)
-        _fsync_dir(self.packs_dir)
-        log.info("compacted %s: %d live object(s) moved, %d tombstone(s) carried", pack.path.name, len(moved),
-                 len(carried))
-
-    def _older_pack_may_hold(self, digest: str, pack: _Pack) -> bool:
-        """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""
-        key = _dead_key(digest)
-        return any(other.number < pack.number and key in self._dead_keys.get(other, ()) for other in self._packs)
 
     def close(self) -> None:
         """Closes the pack files (the store is unusable afterwards)."""
@@ -698,13 +372,13 @@ class ContentStore:
             if on_disk < indexed:
                 found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
         for digest, location in list(self._committed.items()):
-            if location.kind == _DELTA and location.base not in self._committed:
+            if location.kind == DELTA and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
         return found
 
 
 @dataclass(frozen=True, slots=True)
-class _StagedFile(_Location):
+class _StagedFile(Location):
     """A large object written to the staging directory by an open batch."""
 
     path: Path = Path()
@@ -717,8 +391,8 @@ class Batch:
 
     def __init__(self, store: ContentStore) -> None:
         self.store = store
-        self._pending: dict[str, _Location] = {}
-        self._pack_ends: dict[_Pack, int] = {}
+        self._pending: dict[str, Location] = {}
+        self._pack_ends: dict[Pack, int] = {}
         self._finished: list[Callable[[bool], None]] = []
         #: Several threads of one capture may write into the same batch.
         self._lock = threading.Lock()
@@ -739,11 +413,11 @@ class Batch:
     def _known(self, digest: str) -> bool:
         return digest in self._pending or digest in self.store._committed
 
-    def _publish(self, digest: str, location: _Location) -> bool:
+    def _publish(self, digest: str, location: Location) -> bool:
         """Records a written object; False when another thread of this batch was first."""
         return bool(self._publish_all([(digest, location)]))
 
-    def _publish_all(self, written: list[tuple[str, _Location]]) -> list[tuple[str, _Location]]:
+    def _publish_all(self, written: list[tuple[str, Location]]) -> list[tuple[str, Location]]:
         """Records written objects; returns those no other thread of this batch was first with."""
         published = []
         with self._lock:
@@ -804,8 +478,8 @@ class Batch:
         if len(delta) * 4 > len(data):
             return False
         depth = location.depth + 1
-        body = _DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
-        self._publish(digest, self.store._writable_pack().append(digest, _DELTA, body, base, depth))
+        body = DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
+        self._publish(digest, self.store._writable_pack().append(digest, DELTA, body, base, depth))
         return True
 
     def _stage(self) -> tuple[int, Path]:
@@ -813,7 +487,7 @@ class Batch:
         try:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
         except OSError as exc:
-            raise _storage_error(exc) from exc
+            raise storage_error(exc) from exc
 
     def _put_loose(self, digest: str, chunks) -> None:
         fd, staged = self._stage()
@@ -824,7 +498,7 @@ class Batch:
                     out.write(chunk)
         except OSError as exc:
             staged.unlink(missing_ok=True)
-            raise _storage_error(exc) from exc
+            raise storage_error(exc) from exc
         if not self._publish(digest, _StagedFile(None, path=staged)):
             staged.unlink()
 
@@ -846,7 +520,7 @@ class Batch:
                     size += len(chunk)
         except OSError as exc:
             staged.unlink(missing_ok=True)
-            raise _storage_error(exc) from exc
+            raise storage_error(exc) from exc
         digest = hasher.hexdigest()
         if self._known(digest) or not self._publish(digest, _StagedFile(None, path=staged)):
             staged.unlink()
@@ -864,7 +538,7 @@ class Batch:
             self.abort()
             raise
         committed = self.store._committed
-        loose = _Location(None)
+        loose = Location(None)
         for digest, location in self._pending.items():
             previous = committed.get(digest)
             if previous is not None:
@@ -873,7 +547,7 @@ class Batch:
                 committed[digest] = loose
             else:
                 committed[digest] = location
-                if location.kind == _DELTA:
+                if location.kind == DELTA:
                     self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)
@@ -913,9 +587,9 @@ class Batch:
                     os.replace(staged, final)
                     fanouts.add(final.parent)
             for directory in fanouts:
-                _fsync_dir(directory)
+                fsync_dir(directory)
         except OSError as exc:
-            raise _storage_error(exc) from exc
+            raise storage_error(exc) from exc
 
     def _forget(self) -> None:
         staged = self.store._staged
@@ -937,7 +611,7 @@ class Batch:
         self._forget()
         self._finish(False)
 
-    def _count_dead(self, digest: str, location: _Location | None) -> None:
+    def _count_dead(self, digest: str, location: Location | None) -> None:
         if location is not None:
             self.store._mark_dead(digest, location)
 
