@@ -1,6 +1,6 @@
 """Snapshot engine: turns a workspace on disk (or a part of it) into a stored tree.
 
-A per-workspace stat index (see ``index``) means an unchanged file is never read again.
+A per-workspace stat index (see ``stat_index``) means an unchanged file is never read again.
 A scan walks directories through file descriptors, never following links; files that
 must be read are hashed and stored by a small thread pool (reading, hashing and
 compressing release the GIL). Once a scan has found many files to read (a first capture),

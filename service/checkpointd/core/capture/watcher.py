@@ -13,7 +13,7 @@ watch that cannot be added, the workspace root itself moving, a sync that cannot
 the reader, all mark the journal "full", and the next capture scans the whole workspace.
 inotify reports a change only to the watch of the directory holding the name it was made
 through: captures look again by themselves at files with several names and at mount points
-(see ``capture``). Blind spots left: a file with one name that gains another outside the
+(see ``capturer``). Blind spots left: a file with one name that gains another outside the
 workspace (the link reports nowhere here) and is written through it; writes through a shared
 mmap before the file is closed; changes made on another machine to a network file system
 (the same as git's fsmonitor).

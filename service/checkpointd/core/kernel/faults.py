@@ -12,8 +12,12 @@ Every point is a no-op unless the server process was started with one of these v
   ``$CHECKPOINTD_FAULT_DIR/paused.NAME`` and wait (at most a minute) until the test creates
   ``$CHECKPOINTD_FAULT_DIR/resume.NAME``: a race made deterministic.
 
-Point names are a closed list (``POINTS``); a variable naming anything else, or a malformed
-value, stops the server at import time rather than silently testing nothing.
+Point names are a closed list (``Point``); a variable naming anything else, or a malformed
+value, stops the server at import time rather than silently testing nothing. Where each is
+reached (under ``checkpointd/core/``): ``create.*`` in engine/create.py; ``rollback.*`` in
+engine/rollback.py (``rollback.applied`` also in engine/recovery.py); ``restore.change`` in
+restore/restorer.py; ``workspace.*`` in workspace/workspace.py; ``gc.listed`` in
+maintenance/retention.py; ``compact.*`` in store/compaction.py.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ class SqliteRows(DedicatedConnection):
 
 def was_dropped(connection) -> bool:
     """Whether an idle connection is closed, or its socket has something to read: the server's
-    farewell (see ``_discard_if_dropped``)."""
+    farewell (see ``db._discard_if_dropped``)."""
     if connection.closed or connection.broken:
         return True
     poller = select.poll()

@@ -43,7 +43,7 @@ TOO_LARGE = "L"
 ELSEWHERE = "E"
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 FRAME = struct.Struct(">I")
-#: A pack record's header: digest (SHA-256) | kind | body length (see ``store``).
+#: A pack record's header: digest (SHA-256) | kind | body length (see ``store.packs``).
 RECORD = struct.Struct(">32scI")
 #: Largest task message (names and framing): well below an AF_UNIX socket's buffer.
 MAX_TASK_BYTES = 64 << 10

@@ -10,7 +10,7 @@ inode.
 
 Every call that replaces or removes a path takes a ``check``: called with the parent
 directory's fd and the name just before the rename, unlink, rmdir or mkdir, it raises if the
-path is no longer what the caller expects (see ``restore``). A temporary file is written and
+path is no longer what the caller expects (see ``restore.restorer``). A temporary file is written and
 synced before its check, so the check-to-rename window is one ``lstat`` and one ``rename``.
 """
 
