@@ -21,7 +21,7 @@ install: $(INSTALLED)
 # requirements go into the venv first, so pip builds both in place without a throwaway build
 # environment each; CHECKPOINTD_CLIENT_DEPENDENCY=version makes the server ask for the client by
 # version, which the editable client satisfies (see setup.py).
-CLIENT_EXTRAS := mcp
+CLIENT_EXTRAS := mcp,langgraph
 CLIENT_SPEC := ./clients/python$(if $(CLIENT_EXTRAS),[$(CLIENT_EXTRAS)])
 BUILD_CONFIGS := pyproject.toml clients/python/pyproject.toml
 BUILD_REQUIRES = $(BIN)/python -c 'import sys, tomllib; [print(r) for f in sys.argv[1:] for r in tomllib.load(open(f, "rb"))["build-system"]["requires"]]'
@@ -52,7 +52,7 @@ run: install
 POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 CORE_SUITES := tests/service tests/clients tests/features tests/engine/test_unwatched_changes.py \
 	tests/hardening/test_gc_capture_races.py tests/hardening/test_rollback_races.py \
-	tests/hardening/test_rollback_journal.py
+	tests/hardening/test_rollback_journal.py tests/hardening/test_stuck_plan.py tests/langgraph
 
 test: install $(NODE_INSTALLED) $(MCP_UPSTREAM_INSTALLED)
 	$(BIN)/pytest -m "not slow"

@@ -105,6 +105,10 @@ class PrometheusMetrics(telemetry.Sink):
         self.gc_reclaimed = Counter("checkpointd_gc_reclaimed_bytes", "Bytes reclaimed by GC.", registry=r)
         self.gc_seconds = Histogram("checkpointd_gc_duration_seconds", "Duration of each garbage collection.",
                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.gc_postponed_runs = Counter("checkpointd_gc_postponed",
+                                         "Garbage collections postponed, deleting nothing, because a capture "
+                                         "held the content store past their patience (it may be stuck).",
+                                         registry=r)
         self.gc_failures = Counter("checkpointd_maintenance_failures",
                                    "Retention/GC runs that failed (see the server log).", registry=r)
         self.capture_seconds = Histogram("checkpointd_capture_seconds",
@@ -152,6 +156,9 @@ class PrometheusMetrics(telemetry.Sink):
             self.gc_reclaimed.inc(report.reclaimed_bytes)
             self.gc_seconds.observe(report.duration_seconds)
         self.store_usage.update(report.store_objects, report.store_bytes)
+
+    def gc_postponed(self) -> None:
+        self.gc_postponed_runs.inc()
 
     def captured(self, mode: CaptureMode, seconds: float) -> None:
         self.capture_seconds.labels(mode.value).observe(seconds)

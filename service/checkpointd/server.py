@@ -48,7 +48,7 @@ from checkpointd.core.kernel import telemetry
 from checkpointd.core.maintenance.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
 from checkpointd.core.maintenance.fsck import FsckReport
 from checkpointd.core.maintenance.fsck import check as check_integrity
-from checkpointd.core.maintenance.retention import Maintenance, MaintenanceReport
+from checkpointd.core.maintenance.retention import GcPostponed, Maintenance, MaintenanceReport
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.restore.journal import LEGACY_DIRECTORY
 from checkpointd.core.store.db_store import StoreKind, open_store
@@ -74,6 +74,14 @@ MAX_RECEIVE_BYTES = 32 * 1024 * 1024
 MAX_SEND_BYTES = 64 * 1024 * 1024
 #: Health and reflection answer during a drain, so probes read NOT_SERVING.
 _ALWAYS_OPEN = OpenService.HEALTH.service_names | OpenService.REFLECTION.service_names
+#: Threads of the pool that plan calls (captures, diffs, rollbacks) never take: what Get, List and the
+#: config service keep while captures are stuck on their workspaces.
+RESERVED_THREADS = 8
+
+
+def plan_threads(max_workers: int) -> int:
+    """How many of ``max_workers`` threads plan calls may take at once (at least one)."""
+    return max(1, max_workers - RESERVED_THREADS)
 
 
 @dataclass(frozen=True)
@@ -215,7 +223,8 @@ class CheckpointdServer:
             ],
         )
         checkpoint_service_pb2_grpc.add_CheckpointServiceServicer_to_server(
-            AsyncCheckpointServicer(self.checkpoints, self._executor), self.server)
+            AsyncCheckpointServicer(self.checkpoints, self._executor, plan_threads(settings.max_workers)),
+            self.server)
         config_service_pb2_grpc.add_ConfigServiceServicer_to_server(
             AsyncConfigServicer(self.config, self._stopping.is_set, self._executor), self.server)
         admin_service_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.check_integrity), self.server)
@@ -279,6 +288,8 @@ class CheckpointdServer:
         while not self._stopping.wait(self.settings.gc_interval_seconds):
             try:
                 self.run_maintenance()
+            except GcPostponed as exc:
+                log.warning("%s; trying again in %ss", exc, self.settings.gc_interval_seconds)
             except Exception:
                 log.exception("retention/GC run failed; retrying in %ss", self.settings.gc_interval_seconds)
                 if self.metrics is not None:

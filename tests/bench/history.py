@@ -387,6 +387,10 @@ class HistoryBench:
                             f"({min(files_changed, default=0)}-{max(files_changed, default=0)})")
         result.for_system(CHECKPOINTD).extra["files_changed"] = files_changed
         for system in ready:
+            wrong_ms = result.for_system(system).extra.get("wrong_ms")
+            if wrong_ms:
+                result.notes.append(f"{system}'s wrong rollbacks took median {median(wrong_ms):.1f} ms")
+        for system in ready:
             if result.for_system(system).error is None:
                 wrong.for_system(system).samples.append(len(result.for_system(system).wrong))
             else:
@@ -409,6 +413,8 @@ class HistoryBench:
         if verdict.exact:
             series.samples.append(seconds * 1000)
             return
+        # Not counted, but kept: how long a wrong restore took is still worth comparing against.
+        series.extra.setdefault("wrong_ms", []).append(round(seconds * 1000, 4))
         series.wrong.append(f"to checkpoint {target}: {verdict.describe()}")
         log(f"[history] WRONG {system} rollback to checkpoint {target}: {verdict.describe()}")
         converge(workspace, {path: verdict.on_disk[path] for path in verdict.unexpected + verdict.changed},

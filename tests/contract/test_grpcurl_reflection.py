@@ -135,6 +135,9 @@ def test_every_checkpoint_rpc(checkpointd_server, transport, workspace, plan_id)
         checkpointd_server, transport, f"{service}/DeleteCheckpoint", {"checkpoint_id": second["checkpoint_id"]}
     )
     assert deleted == {}
+    emptied = call(checkpointd_server, transport, f"{service}/DeleteCheckpoints", {"plan_id": plan_id})
+    assert sorted(c["checkpoint_id"] for c in emptied["checkpoints"]) == sorted(
+        [first["checkpoint_id"], rollback["safety_checkpoint"]["checkpoint_id"]])
 
 
 def test_every_config_rpc_including_the_watch_stream(checkpointd_server, transport, plan_id):

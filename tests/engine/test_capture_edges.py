@@ -17,7 +17,13 @@ from pathlib import Path
 import grpc
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from checkpointd.core.capture.snapshot import MAX_DIR_DEPTH, SKIP_SERVER_TEMPORARY, SKIP_TOO_DEEP
+from checkpointd.core.capture.ignore import MAX_GITIGNORE_BYTES
+from checkpointd.core.capture.snapshot import (
+    MAX_DIR_DEPTH,
+    SKIP_GITIGNORE_TOO_LARGE,
+    SKIP_SERVER_TEMPORARY,
+    SKIP_TOO_DEEP,
+)
 from tests.engine.conftest import write
 from tests.engine.live import Session
 from tests.helpers import tree_state
@@ -78,6 +84,32 @@ def test_only_the_servers_exact_temporary_names_are_left_out_and_they_are_report
     assert tree_state(root) == expected
     live.rollback(second)
     assert all((root / "d" / name).read_text() == f"edited {name}\n" for name in user_names)
+
+
+def test_a_gitignore_too_large_to_read_is_captured_and_reported_with_what_it_meant_to_leave_out(
+        live: Session) -> None:
+    """Its patterns are not applied (a bound on the work a workspace can cause): the files it
+    would leave out are captured, and every checkpoint says why, until it is small again."""
+    root = live.root
+    huge = b"*.log\n" + b"#" * MAX_GITIGNORE_BYTES + b"\n"
+    (root / "sub").mkdir()
+    (root / "sub" / ".gitignore").write_bytes(huge)
+    write(root / "sub" / "build.log", "left out by the .gitignore, were it read\n")
+    write(root / "notes.txt", "notes\n")
+    reported = {("sub/.gitignore", len(huge), SKIP_GITIGNORE_TOO_LARGE)}
+    first = live.checkpoint()
+    assert {(s.path, s.size_bytes, s.reason) for s in first.skipped_files} == reported
+    assert first.file_count == 3
+    write(root / "notes.txt", "edited\n")  # an incremental capture with the watcher on
+    second = live.checkpoint()
+    assert {(s.path, s.size_bytes, s.reason) for s in second.skipped_files} == reported
+    (root / "sub" / ".gitignore").write_text("*.log\n")
+    third = live.checkpoint()
+    assert list(third.skipped_files) == []
+    assert third.file_count == 2, "the .gitignore applies again"
+    live.rollback(first)
+    assert (root / "sub" / ".gitignore").read_bytes() == huge
+    assert (root / "sub" / "build.log").read_text() == "left out by the .gitignore, were it read\n"
 
 
 # -- paths nested near PATH_MAX -----------------------------------------------------------------

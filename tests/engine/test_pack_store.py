@@ -19,8 +19,8 @@ from checkpointd.core.capture.snapshot import Snapshotter, disk_rules
 from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.kernel.errors import DataLoss, ResourceExhausted
 from checkpointd.core.store import content_store as store_module
-from checkpointd.core.store import packs as packs_module
 from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.content_store import packs as packs_module
 from checkpointd.core.store.tree import Trees
 from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
@@ -212,7 +212,7 @@ def test_new_versions_are_stored_as_deltas_and_stay_readable_when_their_base_is_
             previous = batch.put_bytes(data, previous)
         digests.append(previous)
     kinds = [store._committed[d].kind for d in digests]
-    assert kinds.count(b"X") >= len(versions) - 2, kinds
+    assert kinds.count(b"Y") >= len(versions) - 2, kinds
     assert max(store._committed[d].depth for d in digests) <= store_module.MAX_DELTA_DEPTH
     reopened = ContentStore(tmp_path)
     assert [reopened.read_bytes(d) for d in digests] == versions
@@ -254,10 +254,106 @@ def test_a_pack_from_before_zstd_is_read_and_never_appended_to(tmp_path):
         new = batch.put_bytes(b"written by this server\n" * 50)
     assert old_pack.read_bytes() == before
     packs = _packs(store)
-    assert len(packs) == 2 and packs[-1].read_bytes()[:8] == b"CKPTPAK2"
+    assert len(packs) == 2 and packs[-1].read_bytes()[:8] == b"CKPTPAK3"
     reopened = ContentStore(tmp_path)
     assert reopened.read_bytes(new) == b"written by this server\n" * 50
     assert reopened.read_bytes(hashlib.sha256(text).hexdigest()) == text
+
+
+def _large_versions() -> list[bytes]:
+    """Versions of a ~60 KiB file, each edited near its top: past zlib's 32 KiB window."""
+    lines = [b"line %05d of a large file that changes near its top in every version\n" % i for i in range(900)]
+    return [b"".join([b"# version %d\n" % n, *lines[n:]]) for n in range(20)]
+
+
+def test_versions_of_a_file_larger_than_zlibs_window_are_zstd_deltas_of_the_whole_previous_one(tmp_path):
+    store = ContentStore(tmp_path)
+    versions = _large_versions()
+    digests, previous = [], ""
+    for data in versions:
+        with store.batch() as batch:
+            previous = batch.put_bytes(data, previous)
+        digests.append(previous)
+    kinds = [store._committed[d].kind for d in digests]
+    assert kinds.count(b"Y") >= len(versions) - 2, kinds
+    assert all(store._committed[d].length < 1024 for d in digests if store._committed[d].kind == b"Y")
+    assert max(store._committed[d].depth for d in digests) == store_module.MAX_DELTA_DEPTH < len(versions) - 1, \
+        "a chain longer than MAX_DELTA_DEPTH must restart from a whole object"
+    reopened = ContentStore(tmp_path)
+    assert [reopened.read_bytes(d) for d in digests] == versions
+    assert reopened.damage() == []
+    for digest in digests[:5]:  # bases deleted: their dependents are rewritten whole first
+        reopened.delete(digest)
+    assert [reopened.read_bytes(d) for d in digests[5:]] == versions[5:]
+    again = ContentStore(tmp_path)
+    assert [again.read_bytes(d) for d in digests[5:]] == versions[5:]
+    assert not any(again.has(d) for d in digests[:5])
+
+
+def test_a_pack_from_before_zstd_deltas_is_read_and_never_appended_to(tmp_path):
+    """A store whose last pack a server from before zstd deltas wrote (magic CKPTPAK2): such a
+    server would cut a pack off at a record kind it does not know, so a pack that may hold zstd
+    deltas is a new one (CKPTPAK3), which it refuses to open instead."""
+    (tmp_path / "packs").mkdir()
+    old_pack = tmp_path / "packs" / "pack-000001.pack"
+    first = _large_versions()[0]
+    records = _record(first, b"S", zstandard.ZstdCompressor().compress(first))
+    old_pack.write_bytes(b"CKPTPAK2" + (16 + len(records)).to_bytes(8, "big") + records)
+    before = old_pack.read_bytes()
+    store = ContentStore(tmp_path)
+    base = hashlib.sha256(first).hexdigest()
+    assert store.read_bytes(base) == first
+    second = _large_versions()[1]
+    with store.batch() as batch:
+        new = batch.put_bytes(second, base)
+    assert store._committed[new].kind == b"Y" and store._committed[new].base == base
+    assert old_pack.read_bytes() == before
+    packs = _packs(store)
+    assert len(packs) == 2 and packs[-1].read_bytes()[:8] == b"CKPTPAK3"
+    assert ContentStore(tmp_path).read_bytes(new) == second
+
+
+def test_compact_all_rewrites_every_pack_with_dead_records_and_keeps_deletions(tmp_path, monkeypatch):
+    """`checkpointd gc --compact`: a pack compacts by itself only once half of it is dead."""
+    monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", 16384)
+    store = ContentStore(tmp_path)
+    contents = {}
+    for _ in range(24):
+        data = os.urandom(1500)
+        with store.batch() as batch:
+            contents[batch.put_bytes(data)] = data
+    doomed = [d for d in contents if store._committed[d].pack is store._packs[0]][:2]
+    doomed.append(next(d for d in contents if store._committed[d].pack is store._active))
+    for digest in doomed:
+        store.delete(digest)
+        del contents[digest]
+    size_before = sum(p.stat().st_size for p in _packs(store))
+    with store.collecting():
+        packs, reclaimed = store.compact_all()
+    assert packs == 2 and reclaimed > 0
+    assert sum(p.stat().st_size for p in _packs(store)) == size_before - reclaimed
+    with store.collecting():
+        assert store.compact_all() == (0, 0)
+    with store.batch() as batch:
+        contents[batch.put_bytes(b"written after the compaction")] = b"written after the compaction"
+    reopened = ContentStore(tmp_path)
+    assert sorted(reopened.iter_digests()) == sorted(contents)
+    assert all(reopened.read_bytes(d) == data for d, data in contents.items())
+    assert reopened.damage() == []
+
+
+def test_zlib_deltas_written_before_zstd_deltas_still_read(tmp_path):
+    (tmp_path / "packs").mkdir()
+    base, version = _versions_of_a_file()
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base[-32768:])
+    delta = hashlib.sha256(base).digest() + bytes([1]) + compressor.compress(version) + compressor.flush()
+    records = _record(base, b"S", zstandard.ZstdCompressor().compress(base)) + _record(version, b"X", delta)
+    (tmp_path / "packs" / "pack-000001.pack").write_bytes(b"CKPTPAK2" + (16 + len(records)).to_bytes(8, "big")
+                                                          + records)
+    store = ContentStore(tmp_path)
+    digest = hashlib.sha256(version).hexdigest()
+    assert store._committed[digest].kind == b"X" and store.read_bytes(digest) == version
+    assert store.damage() == []
 
 
 def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_allocated(tmp_path):
@@ -305,7 +401,7 @@ def test_a_deleted_delta_stays_deleted_when_the_pack_of_its_tombstone_is_compact
     beside_a = _fill_until_rotated(store, a_pack.number)
     with store.batch() as batch:
         b = batch.put_bytes(second, a)
-    assert store._committed[b].kind == b"X" and store._committed[b].base == a
+    assert store._committed[b].kind == b"Y" and store._committed[b].base == a
     b_pack = store._committed[b].pack
     kept = _fill_until_rotated(store, b_pack.number)  # B's pack stays mostly live: never compacted
     tombstone_pack = store._active

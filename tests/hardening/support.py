@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import stat
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -190,3 +192,15 @@ def fingerprint_tree(root: Path) -> dict[str, tuple]:
                     digest = hashlib.sha256(f.read()).hexdigest()
                 out[full] = ("file", stat.S_IMODE(st.st_mode), st.st_size, digest, st.st_mtime_ns)
     return out
+
+
+def metric(server, name: str) -> float:
+    """A sample of the server's /metrics (started with ``--metrics-listen``), 0 if absent."""
+    found = re.findall(r"checkpointd metrics: (http://\S+)", server.log_path.read_text())
+    assert found, server.log()
+    with urllib.request.urlopen(found[-1], timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0

@@ -47,7 +47,7 @@ STEPS_PER_ARMING = 40
 #: Points of each family and the largest N drawn for them (how often one call reaches them).
 CREATE_POINTS = {Point.CREATE_CAPTURED: 2, Point.CREATE_COMMITTED: 2, Point.WORKSPACE_READ: 14}
 ROLLBACK_POINTS = {Point.ROLLBACK_PLANNED: 2, Point.ROLLBACK_SAFETY_COMMITTED: 2, Point.RESTORE_CHANGE: 24,
-                   Point.WORKSPACE_WRITE: 8, Point.ROLLBACK_APPLIED: 2}
+                   Point.WORKSPACE_WRITE: 8, Point.RESTORE_UNSYNCED: 2, Point.ROLLBACK_APPLIED: 2}
 
 
 #: How a kill during a state-only create (served on the event loop) is recorded.

@@ -62,3 +62,37 @@ def test_gc_keeps_the_plan_state_every_checkpoint_references(ops_server):
         stub.Rollback(pb.RollbackRequest(plan_id=with_files, checkpoint_id=files.checkpoint_id), timeout=60)
     assert (workspace / "notes.txt").read_text() == "notes"
     assert (workspace / "sub" / "deeper" / "nested.txt").read_text() == "nested"
+
+
+def _captures(server, mode: str) -> float:
+    prefix = f'checkpointd_capture_seconds_count{{mode="{mode}"}} '
+    for line in server.scrape().splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_a_collection_that_deletes_nothing_leaves_the_next_capture_incremental(ops_server):
+    """A collection tells every capture that objects may be gone (so the next one scans its whole
+    workspace) only when it deleted something: here none can, as every object is referenced."""
+    server = ops_server("--store", "db", "--watcher", "on", "--gc-interval", "0.1", "--metrics-listen", "127.0.0.1:0")
+    workspace = server.new_workspace()
+    (workspace / "a.txt").write_text("first")
+    plan_id = str(ULID())
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+
+        def create(content: str) -> None:
+            (workspace / "a.txt").write_text(content)
+            stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(workspace)),
+                                  timeout=30)
+
+        create("first")
+        create("second")
+        assert _captures(server, "incremental") == 1, "the watcher vouches for the workspace"
+        full = _captures(server, "full")
+        runs = _gc_runs(server)
+        wait_until(lambda: _gc_runs(server) >= runs + 2, "two collections")
+        create("third")
+        assert _captures(server, "full") == full, "a collection that deleted nothing forced a full scan"
+        assert _captures(server, "incremental") == 2

@@ -149,6 +149,18 @@ def test_deleting_a_checkpoint_never_breaks_another_and_gc_reports_reclaimed_byt
     assert report["store_objects"] == preview["store_objects"] - 3
     again = json.loads(run_cli("gc", "--data-dir", str(server.data_dir), "--json", *_db_args(server)).stdout)
     assert (again["deleted_objects"], again["reclaimed_bytes"]) == (0, 0)
+    compacted = run_cli("gc", "--data-dir", str(server.data_dir), "--compact", "--json", *_db_args(server))
+    assert compacted.returncode == 0, compacted.stderr
+    compaction = json.loads(compacted.stdout)["compaction"]
+    assert compaction["store_bytes"] <= report["store_bytes"]
+    if server.store_kind == "disk":
+        assert compaction["packs"] >= 1 and compaction["reclaimed_bytes"] > 0, compaction
+    usage = json.loads(run_cli("stats", "--data-dir", str(server.data_dir), "--json", *_db_args(server)).stdout)
+    (plan,) = usage["plans"]
+    assert plan["plan_id"] == plan_id and plan["checkpoints"] == 1 and usage["missing_nodes"] == 0
+    # shared.bin (random: stored whole), later.txt, the root and sub/ nodes; unique.bin is gone.
+    assert plan["objects"] == 4 and len(shared) <= plan["store_bytes"] < len(shared) + len(unique)
+    assert plan["store_bytes"] <= usage["store_bytes"]
     table = run_cli("gc", "--data-dir", str(server.data_dir), *_db_args(server))
     assert "bytes reclaimed" in table.stdout, table.stderr
     if online:

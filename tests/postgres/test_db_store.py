@@ -216,6 +216,24 @@ def test_a_collection_on_one_replica_is_seen_by_the_others_cache(pg_url, tmp_pat
     database.dispose()
 
 
+def test_a_collection_that_deletes_nothing_leaves_the_replicas_caches_alone(pg_url, tmp_path):
+    """Only a deletion makes the other replicas forget what they saw (and their next captures
+    scan fully): a collection that deleted nothing changes no replica's ``deletions``."""
+    database = Database(pg_url)
+    database.migrate()
+    objects = a_replica(database, tmp_path, "referencing")
+    with objects.referencing(), objects.batch() as batch:
+        digest = batch.put_bytes(b"kept")
+    deletions = objects.deletions
+    collector = a_replica(database, tmp_path, "collector")
+    with collector.collecting():
+        pass
+    with objects.referencing():
+        assert objects.has(digest)
+    assert objects.deletions == deletions
+    database.dispose()
+
+
 def waiting_advisory_locks(database: Database) -> int:
     with database.engine.connect() as connection:
         return connection.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
@@ -224,10 +242,13 @@ def waiting_advisory_locks(database: Database) -> int:
 
 
 def test_collection_waits_for_every_replica_that_is_referencing(pg_url, tmp_path):
+    """It waits without queueing for the lock (a queued request would hold back every replica's
+    new captures behind one that may be stuck), and within its patience when it has one."""
     database = Database(pg_url)
     database.migrate()
     referencing, collecting = a_replica(database, tmp_path, "a"), a_replica(database, tmp_path, "b")
     entered = threading.Event()
+    attempts: list[int] = []
 
     def collect() -> None:
         with collecting.collecting():
@@ -235,14 +256,19 @@ def test_collection_waits_for_every_replica_that_is_referencing(pg_url, tmp_path
 
     try:
         with referencing.referencing():
+            with pytest.raises(store.Postponed, match="another replica"), collecting.collecting(patience=0.2):
+                pytest.fail("collected while another replica references the store")
             collector = threading.Thread(target=collect)
             collector.start()
-            while waiting_advisory_locks(database) == 0:
-                assert collector.is_alive()
+            for _ in range(20):
+                attempts.append(waiting_advisory_locks(database))
+                assert collector.is_alive() and not entered.is_set()
                 time.sleep(0.01)
-            assert not entered.is_set()
+            with referencing.referencing():
+                pass  # a second user on the referencing replica is not held back by the collection
         collector.join(timeout=60)
         assert entered.is_set()
+        assert attempts == [0] * len(attempts), "the collection queued for the lock"
     finally:
         database.dispose()
 

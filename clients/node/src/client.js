@@ -83,6 +83,16 @@ const SERVICE_CONFIG = JSON.stringify({
  */
 
 /**
+ * @typedef {object} PendingWrite A write a task made after a checkpoint (a LangGraph pending write).
+ * @property {string} taskId
+ * @property {number} index Negative for a special write (error, interrupt ...), replaced by a later put.
+ * @property {string} channel
+ * @property {string} valueType How value is encoded, e.g. "msgpack".
+ * @property {Buffer} value
+ * @property {string} taskPath Orders the writes.
+ */
+
+/**
  * @typedef {object} ConfigEntry
  * @property {string} key
  * @property {*} value The effective value as plain JavaScript.
@@ -225,6 +235,39 @@ class CheckpointdClient {
    */
   async deleteCheckpoint(checkpointId, options = {}) {
     await this.unary(this.checkpoints, 'DeleteCheckpoint', { checkpointId }, options);
+  }
+
+  /**
+   * Deletes every checkpoint an AIP-160 filter selects, in one plan or (no planId) in every plan;
+   * resolves to those deleted, without state.
+   * @param {{planId?: string, filter?: string, deadlineMs?: number}} [options]
+   * @returns {Promise<Checkpoint[]>}
+   */
+  /**
+   * Records writes that follow a checkpoint (a LangGraph saver's pending writes): a repeated
+   * (taskId, index) keeps its first value when index >= 0 and takes the new one when negative.
+   * @param {string} checkpointId
+   * @param {PendingWrite[]} writes
+   * @param {CallOptions} [options]
+   */
+  async putPendingWrites(checkpointId, writes, options = {}) {
+    await this.unary(this.checkpoints, 'PutPendingWrites', { checkpointId, writes }, options);
+  }
+
+  /**
+   * A checkpoint's pending writes, ordered by taskPath, taskId, then index.
+   * @param {string} checkpointId
+   * @param {CallOptions} [options]
+   * @returns {Promise<PendingWrite[]>}
+   */
+  async listPendingWrites(checkpointId, options = {}) {
+    return (await this.unary(this.checkpoints, 'ListPendingWrites', { checkpointId }, options)).writes;
+  }
+
+  async deleteCheckpoints(options = {}) {
+    const { planId = '', filter = '' } = options;
+    const response = await this.unary(this.checkpoints, 'DeleteCheckpoints', { planId, filter }, options);
+    return response.checkpoints;
   }
 
   /**

@@ -196,5 +196,31 @@ for (const transport of ['tcp', 'unix']) {
       const left = await client.listCheckpoints(planId);
       assert.deepEqual(left.checkpoints.map((c) => c.checkpointId), [second.checkpointId]);
     });
+
+    test('pending writes: first regular value kept, last special one, in order, gone with the checkpoint', async () => {
+      const planId = newUlid();
+      const { checkpointId } = await client.createCheckpoint(planId);
+      const write = (taskId, index, channel, value) => ({ taskId, index, channel, valueType: 'text',
+        value: Buffer.from(value), taskPath: '' });
+      await client.putPendingWrites(checkpointId, [write('t', 0, 'a', 'first'), write('t', -1, '__error__', 'e1')]);
+      await client.putPendingWrites(checkpointId, [write('t', 0, 'a', 'second'), write('t', -1, '__error__', 'e2')]);
+      const listed = await client.listPendingWrites(checkpointId);
+      assert.deepEqual(listed.map((w) => [w.index, w.channel, Buffer.from(w.value).toString()]),
+        [[-1, '__error__', 'e2'], [0, 'a', 'first']]);
+      await client.deleteCheckpoints({ planId });
+      await assert.rejects(client.listPendingWrites(checkpointId), (error) => error.reason === 'CHECKPOINT_NOT_FOUND');
+    });
+
+    test('deleteCheckpoints deletes what a label filter selects across plans, and nothing else', async () => {
+      const run = newUlid();
+      const [one, two] = [newUlid(), newUlid()];
+      const doomed = [await client.createCheckpoint(one, { labels: { run } }),
+        await client.createCheckpoint(two, { labels: { run } })];
+      const kept = await client.createCheckpoint(one);
+      const deleted = await client.deleteCheckpoints({ filter: `labels.run = "${run}"` });
+      assert.deepEqual(deleted.map((c) => c.checkpointId).sort(), doomed.map((c) => c.checkpointId).sort());
+      assert.deepEqual((await client.listCheckpoints(one)).checkpoints.map((c) => c.checkpointId), [kept.checkpointId]);
+      assert.deepEqual((await client.listCheckpoints(two)).checkpoints, []);
+    });
   });
 }

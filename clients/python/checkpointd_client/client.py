@@ -215,6 +215,29 @@ class CheckpointClient:
         request = checkpoint_service_pb2.DeleteCheckpointRequest(checkpoint_id=checkpoint_id)
         self._rpc.unary("DeleteCheckpoint", self._stub.DeleteCheckpoint, request, timeout)
 
+    def delete_checkpoints(
+        self, *, plan_id: str = "", filter_expr: str = "", timeout: float | None = None
+    ) -> list[Checkpoint]:
+        """Delete every checkpoint the AIP-160 filter selects, in one plan or (no plan_id) in every
+        plan; returns those deleted, without state."""
+        request = checkpoint_service_pb2.DeleteCheckpointsRequest(plan_id=plan_id, filter=filter_expr)
+        return list(self._rpc.unary("DeleteCheckpoints", self._stub.DeleteCheckpoints, request, timeout).checkpoints)
+
+    def put_pending_writes(
+        self, checkpoint_id: str, writes: Sequence[checkpoint_service_pb2.PendingWrite], *, timeout: float | None = None
+    ) -> None:
+        """Record writes that follow a checkpoint; a repeated (task_id, index) keeps its first value
+        when the index is 0 or more and takes the new one when it is negative."""
+        request = checkpoint_service_pb2.PutPendingWritesRequest(checkpoint_id=checkpoint_id, writes=writes)
+        self._rpc.unary("PutPendingWrites", self._stub.PutPendingWrites, request, timeout)
+
+    def list_pending_writes(
+        self, checkpoint_id: str, *, timeout: float | None = None
+    ) -> list[checkpoint_service_pb2.PendingWrite]:
+        """A checkpoint's pending writes, ordered by task_path, task_id, then index."""
+        request = checkpoint_service_pb2.ListPendingWritesRequest(checkpoint_id=checkpoint_id)
+        return list(self._rpc.unary("ListPendingWrites", self._stub.ListPendingWrites, request, timeout).writes)
+
     def diff_checkpoints(
         self,
         base_checkpoint_id: str,

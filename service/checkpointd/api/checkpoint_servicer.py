@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TypeVar
@@ -13,6 +14,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
 from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.pending_writes import PendingWrite
 from checkpointd.core.engine.requests import CreateRequest, RollbackRequest, Scope
 
 T = TypeVar("T")
@@ -61,19 +63,50 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
         return response
 
+    def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.ServicerContext):
+        deleted = self.checkpoints.delete_matching(request.plan_id, request.filter)
+        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
+
+    def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.ServicerContext):
+        self.checkpoints.put_pending_writes(request.checkpoint_id, [
+            PendingWrite(w.task_id, w.index, w.channel, w.value_type, w.value, w.task_path) for w in request.writes])
+        return pb.PutPendingWritesResponse()
+
+    def ListPendingWrites(self, request: pb.ListPendingWritesRequest, context: grpc.ServicerContext):
+        return pb.ListPendingWritesResponse(writes=[
+            pb.PendingWrite(task_id=w.task_id, index=w.index, channel=w.channel, value_type=w.value_type,
+                            value=w.value, task_path=w.task_path)
+            for w in self.checkpoints.pending_writes(request.checkpoint_id)])
+
 
 class AsyncCheckpointServicer(CheckpointServicer):
     """CheckpointService for the asyncio server: CreateCheckpoint is a coroutine (a state-only
     create is served on the event loop, see ``Checkpoints.create_async``). The other methods that
     take a plan's lock run in ``executor`` without waiting there for a busy plan (``PlanLocks.run``);
-    Get and List are plain functions, which the server runs in ``executor``."""
+    Get and List (and the pending writes' two calls, which touch no workspace) are plain
+    functions, which the server runs in ``executor``.
 
-    def __init__(self, checkpoints: Checkpoints, executor: Executor) -> None:
+    Those plan calls (which may read a workspace, and so hang on it) take at most ``plan_threads``
+    of the executor's threads at once; more wait for one on the loop. Stuck captures can so never
+    take the threads that Get, List and the config service need."""
+
+    def __init__(self, checkpoints: Checkpoints, executor: Executor, plan_threads: int) -> None:
         super().__init__(checkpoints)
         self.executor = executor
+        self._plan_threads = asyncio.Semaphore(plan_threads)
 
-    def _in_thread(self, function: Callable[..., T], *arguments: object) -> Awaitable[T]:
-        return asyncio.get_running_loop().run_in_executor(self.executor, function, *arguments)
+    async def _in_thread(self, function: Callable[..., T], *arguments: object) -> T:
+        """``function`` in one of the plan calls' threads. The thread is counted until the
+        function returns, also when the caller gave up on it (a stuck capture keeps its thread)."""
+        await self._plan_threads.acquire()
+        loop = asyncio.get_running_loop()
+        try:
+            running = self.executor.submit(function, *arguments)
+        except BaseException:
+            self._plan_threads.release()
+            raise
+        running.add_done_callback(lambda _done: _call_soon(loop, self._plan_threads.release))
+        return await asyncio.wrap_future(running)
 
     def _for_plan(self, function: Callable[..., T], *arguments: object, plan_id: str = "") -> Awaitable[T]:
         return self.checkpoints.plan_locks.run(self._in_thread, function, *arguments, plan_id=plan_id)
@@ -90,6 +123,16 @@ class AsyncCheckpointServicer(CheckpointServicer):
 
     async def Rollback(self, request: pb.RollbackRequest, context: grpc.aio.ServicerContext):
         return await self._for_plan(super().Rollback, request, context, plan_id=request.plan_id)
+
+    async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
+        # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
+        return await self._in_thread(super().DeleteCheckpoints, request, context)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """``callback`` on ``loop`` from any thread; nothing once the loop is closed (the server stopped)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
 
 
 def _create_request(request: pb.CreateCheckpointRequest) -> CreateRequest:

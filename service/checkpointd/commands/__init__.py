@@ -1,6 +1,6 @@
 """The human side of the ``checkpointd`` command: ls, show, diff, rollback, create, delete,
-config, health (all through the Python client, against a running server), gc (offline,
-on a data directory), fsck (either) and mcp-proxy (an MCP server wrapping another,
+config, health (all through the Python client, against a running server), gc and stats
+(offline, on a data directory), fsck (either) and mcp-proxy (an MCP server wrapping another,
 checkpointing its write tools; the code is checkpointd_client.mcp_proxy). Parsers are declared
 here; each command's module is imported only when it runs, so ``checkpointd serve`` does not
 pay for rich and the client."""
@@ -201,8 +201,22 @@ def register_commands(commands) -> None:
     gc.add_argument("--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""))
     gc.add_argument("--store", choices=("disk", "db"), default=os.environ.get("CHECKPOINTD_STORE", "disk"))
     gc.add_argument("--dry-run", action="store_true", help="report what would be pruned and reclaimed")
+    gc.add_argument("--compact", action="store_true",
+                    help="then repack: rewrite every pack that holds deleted or superseded records (the disk "
+                         "store compacts a pack by itself only once half of it is dead)")
     _json_option(gc)
     gc.set_defaults(run=_lazy("maintenance", "gc"))
+
+    stats = commands.add_parser(
+        "stats", help="show what each plan's checkpoints hold in the content store, offline",
+        description="For each plan: its checkpoints, the objects they reference and the bytes those take in the "
+                    "store (an object two plans share counts in both); then the whole store and SQLite's "
+                    "write-ahead logs. Works directly on a data directory, like gc: refuses while a server uses it.")
+    stats.add_argument("--data-dir", type=Path, default=default_data_dir())
+    stats.add_argument("--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""))
+    stats.add_argument("--store", choices=("disk", "db"), default=os.environ.get("CHECKPOINTD_STORE", "disk"))
+    _json_option(stats)
+    stats.set_defaults(run=_lazy("stats", "stats"))
 
     fsck = commands.add_parser(
         "fsck", help="check that every checkpoint can be restored (exit 1 on any finding)",

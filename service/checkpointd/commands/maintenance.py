@@ -14,8 +14,9 @@ from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
-from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport
+from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport, store_footprint
 from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.db_store import open_store
 from checkpointd.server import ServerSettings
 
@@ -60,13 +61,27 @@ def gc(args: argparse.Namespace) -> int:
                            "run `checkpointd gc` again to finish")
             with on_interrupt(interrupted):
                 report = maintenance.run(dry_run=args.dry_run)
+                compacted = _compact(store, report) if args.compact and not args.dry_run else None
     except (DataDirBusy, GcAborted) as exc:
         render.err.print(f"error: {exc}", highlight=False)
         return 1
     finally:
         db.dispose()
     if args.json:
-        render.emit_json(report.as_dict())
+        render.emit_json(report.as_dict() | ({"compaction": compacted} if compacted is not None else {}))
     else:
         render.out.print(_report_table(report))
+        if compacted is not None:
+            render.out.print(f"compaction: {compacted['packs']} pack(s) rewritten, "
+                             f"{render.human_size(compacted['reclaimed_bytes'])} reclaimed; store size now "
+                             f"{render.human_size(compacted['store_bytes'])}", highlight=False)
     return 0
+
+
+def _compact(store, report: MaintenanceReport) -> dict[str, int]:
+    """Repacks the disk store after collection (the database store keeps no packs)."""
+    if not isinstance(store, ContentStore):
+        return {"packs": 0, "reclaimed_bytes": 0, "store_bytes": report.gc.store_bytes}
+    with store.collecting():
+        packs, reclaimed = store.compact_all()
+    return {"packs": packs, "reclaimed_bytes": reclaimed, "store_bytes": store_footprint(store)[1]}

@@ -38,15 +38,21 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     return ProxyOptionsError, ToolNameClash, UpstreamGone, CheckpointdClientError, ConnectionOptionsError, ValueError
 
 
-def _leaf(error: BaseException, wanted: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The expected failure inside `error`, unwrapping the exception groups of task groups."""
-    if isinstance(error, wanted):
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = _leaf(inner, wanted)
-            if found is not None:
-                return found
+def _leaf(error: BaseException | None, wanted: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The expected failure inside `error`, unwrapping the exception groups of task groups and
+    the exceptions a teardown raised while it propagated: the MCP SDK's HTTP transport, closed
+    after the wrapped server forgot the session, raises BrokenResourceError over the reason."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, wanted):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                found = _leaf(inner, wanted)
+                if found is not None:
+                    return found
+        error = error.__context__
     return None
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
 from checkpointd.core.kernel.errors import DataLoss
-from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.content_store import ContentStore, Postponed, SharedExclusiveLock
 
 
 def test_identical_content_is_stored_once(tmp_path):
@@ -95,3 +97,54 @@ def test_every_finish_callback_runs_even_after_one_raises(tmp_path, fails):
         if fails:
             raise ValueError("the capture failed")
     assert calls == [("first", not fails), ("second", not fails)]
+
+
+def test_a_patient_exclusive_holds_no_one_back_behind_a_holder_that_was_there_all_along():
+    """A shared holder that outlasts the whole patience may be stuck: the exclusive side gives
+    up, and meanwhile new shared holders come and go as if it were not asking."""
+    lock = SharedExclusiveLock()
+    came_and_went = []
+    with lock.shared():
+        def exclusive() -> None:
+            with pytest.raises(Postponed), lock.exclusive(patience=0.3):
+                pass
+
+        asking = threading.Thread(target=exclusive)
+        asking.start()
+        while asking.is_alive():
+            release = lock.try_shared()
+            assert release is not None, "a new holder was held back behind the stuck one"
+            release()
+            came_and_went.append(1)
+            time.sleep(0.01)
+    assert came_and_went
+    with lock.exclusive(patience=0.3):
+        pass
+
+
+def test_a_patient_exclusive_waits_for_holders_that_came_while_it_was_waiting():
+    """Holders younger than the patience are expected to finish: they are waited for, and new
+    ones held back meanwhile, so that a busy store is still collected."""
+    lock = SharedExclusiveLock()
+    entered = threading.Event()
+    holders = []
+
+    def hold_briefly() -> None:
+        with lock.shared():
+            time.sleep(0.05)
+
+    def exclusive() -> None:
+        with lock.exclusive(patience=1):
+            entered.set()
+
+    asking = threading.Thread(target=exclusive)
+    asking.start()
+    while not entered.is_set():
+        holder = threading.Thread(target=hold_briefly)  # overlapping holders: never a quiet moment
+        holder.start()
+        holders.append(holder)
+        time.sleep(0.02)
+    asking.join()
+    for holder in holders:
+        holder.join()
+    assert entered.is_set()

@@ -124,7 +124,7 @@ class _SessionLossWatch:
     to a request that carried the session id means that session is over for good."""
 
     def __init__(self, url: str) -> None:
-        self._url = url
+        self.url = url
         self._lost = anyio.Event()
 
     async def on_response(self, response: httpx2.Response) -> None:
@@ -133,7 +133,10 @@ class _SessionLossWatch:
 
     async def lost(self) -> UpstreamGone:
         await self._lost.wait()
-        return UpstreamSessionLost(self._url)
+        return UpstreamSessionLost(self.url)
+
+    def is_lost(self) -> bool:
+        return self._lost.is_set()
 
 
 def _roots_answer(workspace_root: Path) -> Callable[[ClientRequestContext], Awaitable[types.ListRootsResult]]:
@@ -162,6 +165,25 @@ async def connect_upstream(
             return
         await on_notification(message)
 
+    session_loss: _SessionLossWatch | None = None
+    try:
+        async with _connected(upstream, workspace_root, message_handler) as (connection, set_loss):
+            session_loss = set_loss
+            yield connection
+    except Exception as error:
+        # Closing the SDK's HTTP transport after the server forgot the session can raise its own
+        # errors (BrokenResourceError from a reply with nowhere to go) over the reason: the
+        # reason is what the user needs to read.
+        if session_loss is None or not session_loss.is_lost() or isinstance(error, UpstreamGone):
+            raise
+        raise UpstreamSessionLost(session_loss.url) from error
+
+
+@asynccontextmanager
+async def _connected(
+    upstream: Upstream, workspace_root: Path, message_handler: Callable[[IncomingMessage], Awaitable[None]]
+) -> AsyncIterator[tuple[UpstreamSession, _SessionLossWatch | None]]:
+    session_loss: _SessionLossWatch | None = None
     async with AsyncExitStack() as stack:
         process: UpstreamProcess | None = None
         match upstream:
@@ -206,7 +228,7 @@ async def connect_upstream(
             initialized.server_info.version,
             initialized.protocol_version,
         )
-        yield UpstreamSession(session, initialized, gone)
+        yield UpstreamSession(session, initialized, gone), session_loss
 
 
 def _version() -> str:

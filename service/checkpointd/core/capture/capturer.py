@@ -50,6 +50,7 @@ from checkpointd.core.capture.snapshot import (
     disk_rules,
     file_mode,
     read_file,
+    reporting_unapplied,
     stored,
     symlink_entry,
     too_deep,
@@ -331,7 +332,7 @@ class Capturer:
                 linked[path] = inode
         tree = self.trees.apply(batch, base.tree, apply.updates) if apply.updates else base.tree
         self.snapshotter.remember(batch, indexed, apply.fresh, apply.stale)
-        skipped = sorted(apply.skipped.values(), key=lambda s: s.path)
+        skipped = reporting_unapplied(apply.skipped.values(), rules)
         return CaptureResult(tree, apply.file_count, apply.total_size, skipped, linked)
 
     def _examine(self, path: str, kind: int, delta: _Delta, dirs: Directories, rules: IgnoreRules,

@@ -13,14 +13,26 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from checkpointd.core.capture.gitignore import PatternList, parse_configured, parse_file, path_text
 
 NEVER_CAPTURED = frozenset({".git"})
 GITIGNORE = ".gitignore"
 
-#: The content of ``<directory>/.gitignore`` (bytes as on disk; a str is encoded back), or None.
-GitignoreLoader = Callable[[str], bytes | str | None]
+#: A .gitignore larger than this is not read: its patterns are not applied, and captures say so.
+MAX_GITIGNORE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """What a loader returns for a .gitignore over ``MAX_GITIGNORE_BYTES``: its size."""
+
+    size: int
+
+
+#: The content of ``<directory>/.gitignore`` (bytes as on disk; a str is encoded back), None, or Oversized.
+GitignoreLoader = Callable[[str], bytes | str | Oversized | None]
 
 log = logging.getLogger("checkpointd.ignore")
 
@@ -37,15 +49,22 @@ class IgnoreRules:
         #: directory -> the pattern lists that decide for its entries, deepest .gitignore first, each
         #: with the bytes of a path before the part it sees ('' or 'a/b/')
         self._chains: dict[str, tuple[tuple[PatternList, int], ...]] = {}
+        #: .gitignore path -> size, for those too large to be read (their patterns are not applied).
+        self.unapplied: dict[str, int] = {}
 
     def _dir_patterns(self, directory: str) -> PatternList | None:
         if directory not in self._per_dir:
             content = self._loader(directory)
+            source = f"{directory}/{GITIGNORE}" if directory else GITIGNORE
+            if isinstance(content, Oversized):
+                log.warning("%s is larger than %d bytes: its patterns are not applied", source, MAX_GITIGNORE_BYTES)
+                self.unapplied[source] = content.size
+                content = None
             if isinstance(content, str):
                 content = content.encode("utf-8", "surrogateescape")
             patterns = parse_file(content) if content else None
             if patterns is not None:
-                _report(f"{directory}/{GITIGNORE}" if directory else GITIGNORE, patterns)
+                _report(source, patterns)
             self._per_dir[directory] = patterns if patterns else None
         return self._per_dir[directory]
 
@@ -69,6 +88,7 @@ class IgnoreRules:
     def forget(self, directory: str) -> None:
         """Drop the cached rules of one directory (its .gitignore changed)."""
         self._per_dir.pop(directory, None)
+        self.unapplied.pop(f"{directory}/{GITIGNORE}" if directory else GITIGNORE, None)
         self._chains.clear()
 
     def ignores_entry(self, path: str, is_dir: bool) -> bool:

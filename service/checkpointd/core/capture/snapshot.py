@@ -17,12 +17,12 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from checkpointd.core.capture.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules, Oversized
 from checkpointd.core.capture.readers import Readers, TooLarge, chunks
 from checkpointd.core.capture.stat_index import Indexed, RootIndex, StatIndex
 from checkpointd.core.kernel import heap
@@ -56,6 +56,8 @@ SKIP_SERVER_TEMPORARY = "SERVER_TEMPORARY_FILE"
 SKIP_TOO_DEEP = "TOO_DEEP"
 #: An entry that kept changing type while it was captured (``ENTRY_ATTEMPTS`` looks).
 SKIP_CHANGING = "CHANGED_DURING_CAPTURE"
+#: A .gitignore over ``ignore.MAX_GITIGNORE_BYTES``: captured, but its patterns were not applied.
+SKIP_GITIGNORE_TOO_LARGE = "GITIGNORE_TOO_LARGE"
 
 #: Called with (relative directory path, its open fd) before a directory is listed.
 DirectoryHook = Callable[[str, int], None]
@@ -125,10 +127,25 @@ def _by_path(skipped: Skipped) -> str:
 
 
 def disk_rules(workspace: Workspace, patterns: list[str], excluded: list[str]) -> IgnoreRules:
-    def load(directory: str) -> bytes | None:
-        return workspace.read_small(f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
+    def load(directory: str) -> bytes | Oversized | None:
+        path = f"{directory}/{GITIGNORE}" if directory else GITIGNORE
+        content = workspace.read_small(path, MAX_GITIGNORE_BYTES)
+        if content is None:
+            st = workspace.lstat(path)
+            if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > MAX_GITIGNORE_BYTES:
+                return Oversized(st.st_size)
+        return content
 
     return IgnoreRules(patterns, load, excluded)
+
+
+def reporting_unapplied(skipped: Iterable[Skipped], rules: IgnoreRules) -> list[Skipped]:
+    """``skipped`` and the .gitignore files whose patterns ``rules`` could not apply, by path
+    (such a file is captured, and also listed, so that what it meant to leave out is explained)."""
+    by_path = {s.path: s for s in skipped}
+    for path, size in rules.unapplied.items():
+        by_path[path] = Skipped(path, size, SKIP_GITIGNORE_TOO_LARGE)
+    return sorted(by_path.values(), key=_by_path)
 
 
 def file_mode(st: os.stat_result) -> int:
@@ -196,7 +213,7 @@ class Snapshotter:
             raise
         if first and not when_finished(batch, lambda _committed: heap.resume()):
             heap.resume()
-        return CaptureResult(tree, tally.file_count, tally.total_size, sorted(tally.skipped, key=_by_path),
+        return CaptureResult(tree, tally.file_count, tally.total_size, reporting_unapplied(tally.skipped, rules),
                              tally.linked)
 
     @staticmethod

@@ -10,10 +10,13 @@ before the metadata row that references them is committed.
 from __future__ import annotations
 
 from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine import pending_writes
+from checkpointd.core.engine.bulk_delete import delete_matching
 from checkpointd.core.engine.create import Create, RunBlocking
 from checkpointd.core.engine.diff import Diffs
 from checkpointd.core.engine.history import History
 from checkpointd.core.engine.parts import EngineParts
+from checkpointd.core.engine.pending_writes import PendingWrite
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint, CreateRequest, EngineSettings, RollbackRequest, RollbackResult
 from checkpointd.core.engine.rollback import Rollbacks
@@ -71,6 +74,17 @@ class Checkpoints:
 
     def delete(self, checkpoint_id: str) -> None:
         self._history.delete(checkpoint_id)
+
+    def put_pending_writes(self, checkpoint_id: str, writes: list[PendingWrite]) -> None:
+        """Records writes that follow a checkpoint (see ``pending_writes``)."""
+        pending_writes.put(self.db, checkpoint_id, writes)
+
+    def pending_writes(self, checkpoint_id: str) -> list[PendingWrite]:
+        return pending_writes.list_for(self.db, checkpoint_id)
+
+    def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
+        """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
+        return delete_matching(self.parts, plan_id, filter_text)
 
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         return self._diffs.diff(base_id, target_id, paths)

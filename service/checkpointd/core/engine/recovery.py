@@ -108,7 +108,7 @@ class Recovery:
                 session.commit()
                 parts.capturer.record(plan.workspace_root, capture.tree)
             if changes:
-                parts.restorer.apply(workspace, changes, seen)
+                parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE)
         crash_point(Point.ROLLBACK_APPLIED)
         parts.journal.remove(entry.plan_id)
 

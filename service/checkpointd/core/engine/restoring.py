@@ -8,7 +8,7 @@ import errno
 
 from sqlmodel import Session, col, select
 
-from checkpointd.core.capture.ignore import GITIGNORE, IgnoreRules
+from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
 from checkpointd.core.capture.snapshot import CaptureResult
 from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.parts import EngineParts
@@ -57,7 +57,7 @@ def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: Ch
 def _target_rules(parts: EngineParts, row: CheckpointRow) -> IgnoreRules:
     def load(directory: str) -> bytes | None:
         entry = parts.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
-        if entry is None or entry.kind is not EntryKind.FILE or entry.size > 1 << 20:
+        if entry is None or entry.kind is not EntryKind.FILE or entry.size > MAX_GITIGNORE_BYTES:
             return None
         return parts.store.read_bytes(entry.digest)
 

@@ -50,6 +50,9 @@ class Point(enum.StrEnum):
     RESTORE_CHANGE = "restore.change"
     #: A restored file's content is written to its temporary name, not yet renamed into place.
     WORKSPACE_WRITE = "workspace.write"
+    #: Rollback (not an undo): every change is written and renamed into place; none is synced yet
+    #: (the batch's one sync point comes next).
+    RESTORE_UNSYNCED = "restore.unsynced"
     #: Rollback: every change is applied; the journal entry is not deleted yet.
     ROLLBACK_APPLIED = "rollback.applied"
     #: Garbage collection: the candidates (objects no checkpoint referenced) are listed; nothing

@@ -59,6 +59,9 @@ class Sink:
     def garbage_collected(self, report: GcReport) -> None:
         """A garbage collection finished; also carries the store's size after it."""
 
+    def gc_postponed(self) -> None:
+        """A garbage collection gave up waiting for a capture that may be stuck; nothing was deleted."""
+
     def captured(self, mode: CaptureMode, seconds: float) -> None:
         """A workspace capture took ``seconds``."""
 
@@ -100,6 +103,10 @@ def checkpoints_pruned(rule: str, count: int) -> None:
 
 def garbage_collected(report: GcReport) -> None:
     _sink.garbage_collected(report)
+
+
+def gc_postponed() -> None:
+    _sink.gc_postponed()
 
 
 def captured(mode: CaptureMode, seconds: float) -> None:

@@ -16,7 +16,10 @@ nodes, so the referenced set is every tree node reachable from a checkpoint's
 ``tree_digest``, every file digest in those nodes, and every ``state_digest``. Marking
 runs concurrently with writers; only the final step (marking rows committed since, then
 deleting) holds ``ContentStore.collecting()``, which waits until no checkpoint is between
-writing its objects and committing its row and keeps new ones from starting meanwhile.
+writing its objects and committing its row and keeps new ones from starting meanwhile. It
+never waits on a capture that has been in that section for ``GC_PATIENCE_SECONDS`` (it may be
+stuck on its workspace, and every other plan's captures would wait behind the collection):
+the collection is then postponed (``GcPostponed``) and the next one tries again.
 Checkpoints are immutable, so deleting one only ever frees objects no other one uses.
 """
 
@@ -27,7 +30,7 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -46,7 +49,7 @@ from checkpointd.core.kernel.telemetry import GcReport
 from checkpointd.core.kernel.vocabulary import Phase
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, ConfigRow, ObjectRow
-from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.content_store import ContentStore, Postponed
 from checkpointd.core.store.db_store import DatabaseStore
 from checkpointd.core.store.tree import EntryKind, Trees
 
@@ -54,6 +57,9 @@ log = logging.getLogger("checkpointd.retention")
 
 PINNED_LABEL = "pinned"
 PINNED_VALUE = "true"
+#: How long a collection waits for a moment when no capture references the store, and the
+#: longest a capture may have been doing so before the collection stops waiting for it.
+GC_PATIENCE_SECONDS = 2.0
 RETENTION_KEYS = [RETENTION_MAX_CHECKPOINTS, RETENTION_MAX_AGE_SECONDS, RETENTION_SAFETY_MAX_AGE_SECONDS]
 
 
@@ -198,6 +204,10 @@ class GcAborted(RuntimeError):
     """Marking could not read a referenced tree node, so sweeping might delete live data."""
 
 
+class GcPostponed(GcAborted):
+    """A capture held the store past the collection's patience: nothing was deleted, try later."""
+
+
 class _Marker:
     """The set of referenced object digests, grown row by row (Merkle walk, each node once)."""
 
@@ -308,6 +318,17 @@ class Maintenance:
             seen.add(checkpoint_id)
             marker.add_row(tree_digest, state_digest)
 
+    @contextlib.contextmanager
+    def _collecting(self) -> Iterator[None]:
+        """The store's ``collecting`` fence, or ``GcPostponed`` if it is not had within the patience."""
+        try:
+            with self.store.collecting(GC_PATIENCE_SECONDS):
+                yield
+        except Postponed as exc:
+            telemetry.gc_postponed()
+            raise GcPostponed(f"garbage collection postponed, nothing was deleted: {exc} "
+                              "(a capture may be stuck on its workspace)") from exc
+
     def collect_garbage(self, dry_run: bool = False) -> GcReport:
         """Deletes unreferenced objects; returns what was reclaimed and what remains."""
         started = time.monotonic()
@@ -320,7 +341,7 @@ class Maintenance:
         sizes = object_sizes(self.store, candidates)
         crash_point(Point.GC_LISTED)
         deleted = reclaimed = 0
-        with self.store.collecting():
+        with self._collecting():
             self._mark_rows(marker, seen)
             if marker.missing:
                 raise GcAborted(f"{len(marker.missing)} referenced tree node(s) are missing from the store "
@@ -342,6 +363,8 @@ class Maintenance:
         """Retention first (it frees references), then GC."""
         prune = self.prune(dry_run=dry_run)
         gc = self.collect_garbage(dry_run=dry_run)
+        if not dry_run:
+            self.db.truncate_wal()
         busy = prune.total or gc.deleted_objects
         log.log(logging.INFO if busy else logging.DEBUG,
                 "maintenance: pruned %d checkpoint(s), deleted %d object(s), reclaimed %d bytes%s",

@@ -297,6 +297,16 @@ class Database:
                 connection.execute(statement)
                 connection.commit()
 
+    def truncate_wal(self) -> bool:
+        """SQLite: copies the whole write-ahead log into the database and empties it (after a
+        maintenance run, which writes much of it). False if a reader kept part of it (it is copied
+        at a later checkpoint) or on PostgreSQL, which keeps no such file here."""
+        if not self.is_sqlite:
+            return False
+        with self.engine.connect() as connection:
+            busy, _log_pages, _copied = connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+        return not busy
+
     def group_commit(self, write: Callable[[RowWriter, list[U]], None]) -> GroupCommit[U]:
         """A queue whose items are written by ``write`` in transactions shared by concurrent callers."""
         return GroupCommit(self._row_transaction, write)
@@ -331,18 +341,23 @@ class AdvisoryLock:
 
     _LOCK_SQL = {False: "SELECT pg_advisory_lock(%s)", True: "SELECT pg_advisory_lock_shared(%s)"}
     _UNLOCK_SQL = {False: "SELECT pg_advisory_unlock(%s)", True: "SELECT pg_advisory_unlock_shared(%s)"}
+    _TRY_LOCK_SQL = {False: "SELECT pg_try_advisory_lock(%s)", True: "SELECT pg_try_advisory_lock_shared(%s)"}
 
     def __init__(self, engine: Engine | None, key: int, shared: bool) -> None:
         self._engine = engine
         self._key = key
         self._lock_sql = self._LOCK_SQL[shared]
         self._unlock_sql = self._UNLOCK_SQL[shared]
+        self._try_lock_sql = self._TRY_LOCK_SQL[shared]
         self._connection: PoolProxiedConnection | None = None
         self._guard = threading.Lock()
 
-    def acquire(self) -> None:
+    def acquire(self, wait: bool = True) -> bool:
+        """Takes the lock; without ``wait``, only if no one holds or waits for a conflicting
+        one (then it never queues ahead of others): whether it was taken."""
         if self._engine is None:
-            return
+            return True
+        statement = self._lock_sql if wait else self._try_lock_sql
         dialect = self._engine.dialect
         driver_error = dialect.loaded_dbapi.Error
         for attempt in (1, 2):
@@ -352,7 +367,7 @@ class AdvisoryLock:
                 # As Core reports a failed connect: the driver's error inside SQLAlchemy's.
                 raise DBAPIError.instance(None, None, exc, driver_error) from exc
             try:
-                connection.driver_connection.execute(self._lock_sql, (self._key,))
+                taken = connection.driver_connection.execute(statement, (self._key,)).fetchone()[0] is not False
             except BaseException as exc:
                 dropped = dialect.is_disconnect(exc, connection.driver_connection, None)
                 connection.invalidate()
@@ -361,12 +376,16 @@ class AdvisoryLock:
                 if attempt == 1 and dropped:
                     continue
                 if isinstance(exc, driver_error):
-                    raise DBAPIError.instance(self._lock_sql, (self._key,), exc, driver_error,
+                    raise DBAPIError.instance(statement, (self._key,), exc, driver_error,
                                               connection_invalidated=dropped) from exc
                 raise
+            if not taken:
+                connection.close()
+                return False
             with self._guard:
                 self._connection = connection
-            return
+            return True
+        return False
 
     def release(self) -> None:
         with self._guard:
@@ -405,10 +424,20 @@ def _discard_if_dropped(dbapi_connection, _record, _proxy) -> None:
         raise DisconnectionError("the server ended this pooled connection")
 
 
+#: Pages of write-ahead log after which a commit copies them into the database (SQLite's default
+#: is 1000: a log of 4 MiB that stays that size while serving, beside a database of a few MiB).
+WAL_AUTOCHECKPOINT_PAGES = 256
+#: What a log grown past it (a bulk write) is cut back to when it is next reset.
+WAL_SIZE_LIMIT = 1 << 20
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
-    """WAL for concurrent readers; FULL sync so a committed checkpoint survives power loss."""
+    """WAL for concurrent readers; FULL sync so a committed checkpoint survives power loss; a
+    small log (it counts against the data directory's size)."""
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+    cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, LargeBinary, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -129,3 +129,19 @@ class ServerSecretRow(SQLModel, table=True):
     name: str = Field(primary_key=True, max_length=64)
     value: bytes = Field(sa_type=LargeBinary)
     create_time: datetime = _time_column()
+
+
+class PendingWriteRow(SQLModel, table=True):
+    """A write a task made after a checkpoint (PutPendingWrites); deleted with its checkpoint by the
+    foreign key's cascade, whichever way the checkpoint goes (DeleteCheckpoint(s), retention)."""
+
+    __tablename__ = "pending_writes"
+
+    checkpoint_id: str = Field(sa_column=Column(
+        String(26), ForeignKey("checkpoints.checkpoint_id", ondelete="CASCADE"), primary_key=True))
+    task_id: str = Field(primary_key=True, max_length=256)
+    idx: int = Field(primary_key=True)
+    channel: str = Field(max_length=256)
+    value_type: str = Field(default="", max_length=64)
+    value: bytes = Field(default=b"", sa_type=LargeBinary)
+    task_path: str = Field(default="", max_length=1024)

@@ -25,12 +25,24 @@ temporary name, right before the rename (or unlink, rmdir, mkdir): the window le
 cannot see: a writer that already holds the file open (or mapped) and writes after the check,
 or between the check and the rename, writes to the replaced inode, and that content is lost;
 so does a same-size rewrite within one timestamp tick of a hashed file's second ``lstat``.
+
+**Durability, batched.** A rollback writes every file to its temporary name and renames it
+into place without a sync each; all of them, and the directories whose entries changed, are
+made durable together at the end (``SyncBatch``: concurrent fsyncs), before ``apply`` returns
+and so before the journal entry goes and the rollback is acknowledged. A power cut before that
+leaves the journal entry, whose recovery records whatever the workspace then holds (a renamed
+file whose content did not reach the disk included) and brings every covered path to the
+target. An undo is applied with a sync per file (``batched=False``): it takes back only paths
+that still hold what the rollback wrote, so what it writes must never be seen half-durable.
+When applying stops part-way, what was written is made durable before ``ApplyInterrupted`` is
+raised, so the undo it leads to is recorded against writes that are on the disk.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -42,7 +54,10 @@ from checkpointd.core.kernel.errors import CheckpointdError, FailedPrecondition,
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import Change, Entry, EntryKind, Trees
+from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed
 from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Workspace, is_under
+
+log = logging.getLogger("checkpointd.restore")
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _HASH_CHUNK = 1 << 20
@@ -252,13 +267,30 @@ class Restorer:
         return (_ancestor_of_scope(change.path, subset) and target is not None
                 and (base is None or base.kind is not target.kind))
 
-    def apply(self, workspace: Workspace, changes: list[Change], seen: Mapping[str, Indexed] | None = None) -> None:
+    def apply(self, workspace: Workspace, changes: list[Change], seen: Mapping[str, Indexed] | None = None,
+              batched: bool = True) -> None:
         """Removes what goes (deepest first), creates directories, writes files and links, then
         sets directory modes. Each path is checked against what the capture saw (``changes``'
         bases; ``seen``: the stat identities of files, from the capture's stat index) just before
         it is replaced or removed. Idempotent: applying the same changes again, as planned on a
-        new capture, finishes a partial run."""
-        seen = seen or {}
+        new capture, finishes a partial run. Everything is durable when it returns or raises
+        ``ApplyInterrupted`` (``batched``: synced together at the end; else one path at a time)."""
+        if not batched:
+            self._apply(workspace, changes, seen or {})
+            return
+        with workspace.batched_sync() as pending:
+            try:
+                written = self._apply(workspace, changes, seen or {})
+            except ApplyInterrupted:
+                _flush_before_undo(pending)
+                raise
+            crash_point(Point.RESTORE_UNSYNCED)
+            try:
+                pending.flush()
+            except SyncFailed as exc:
+                raise ApplyInterrupted(exc.path, exc.strerror or str(exc), exc.cause, written) from exc
+
+    def _apply(self, workspace: Workspace, changes: list[Change], seen: Mapping[str, Indexed]) -> list[Written]:
         current: dict[str, Entry | None] = {c.path: c.base for c in changes}
         written: list[Written] = []
         for step, change in self._steps(changes):
@@ -282,6 +314,7 @@ class Restorer:
             if now is not _UNCHANGED:
                 current[path] = now
                 written.append((path, now))
+        return written
 
     def _steps(self, changes: list[Change]) -> Iterator[tuple[Callable, Change]]:
         for change in sorted(filter(_removes_base, changes), key=_depth, reverse=True):
@@ -328,6 +361,15 @@ class Restorer:
     def _set_dir_mode(workspace: Workspace, change: Change, current: Entry | None, known: Indexed | None) -> object:
         workspace.set_dir_mode(change.path, change.target.mode)
         return change.target
+
+
+def _flush_before_undo(pending: SyncBatch) -> None:
+    """Applying stopped: what it wrote is made durable before the undo is recorded against it. If
+    that fails too, the undo goes on (it syncs each path it writes) and the failure is logged."""
+    try:
+        pending.flush()
+    except SyncFailed as exc:
+        log.error("could not sync %r after an interrupted rollback: %s", exc.path, exc.strerror)
 
 
 #: A step that left its path as it was (a directory kept because something is still in it).

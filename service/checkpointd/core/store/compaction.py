@@ -9,7 +9,13 @@ import logging
 import os
 
 from checkpointd.core.kernel.faults import Point, crash_point
-from checkpointd.core.store.packs import DELETED, DELTA, Pack, dead_key, fsync_dir
+from checkpointd.core.store.packs import (
+    DELETED,
+    DELTAS,
+    Pack,
+    dead_key,
+    fsync_dir,
+)
 from checkpointd.core.workspace.readworker import RECORD, pack_body
 
 log = logging.getLogger("checkpointd.store")
@@ -39,7 +45,7 @@ class Compaction:
         rewritten: dict[Pack, int] = {}
         for dependent in self._dependents.pop(base, set()):
             location = self._committed.get(dependent)
-            if location is None or location.kind != DELTA or location.base != base:
+            if location is None or location.kind not in DELTAS or location.base != base:
                 continue
             kind, body = pack_body(self.read_bytes(dependent))
             new = self._writable_pack().append(dependent, kind, body)
@@ -85,6 +91,23 @@ class Compaction:
         fsync_dir(self.packs_dir)
         log.info("compacted %s: %d live object(s) moved, %d tombstone(s) carried", pack.path.name, len(moved),
                  len(carried))
+
+    def compact_all(self) -> tuple[int, int]:
+        """Repacks: every pack holding a dead record (deleted, superseded, dropped) has its live
+        records moved to a new pack and is removed, the active one included (a new one is started
+        for them). Returns (packs compacted, bytes reclaimed). Call under ``collecting()``; each pack
+        goes as ``_compact`` does, so a crash at any step loses nothing."""
+        with self._pack_lock:
+            dead = [pack for pack in self._packs if self._dead.get(pack, 0) > 0]
+        if not dead:
+            return 0, 0
+        before = sum(pack.size for pack in self._packs)
+        if self._active in dead:
+            self._active.sync_to(self._active.size)
+            self._active = None  # the next append starts a pack: the old active one can be compacted
+        for pack in dead:
+            self._compact(pack)
+        return len(dead), max(0, before - sum(pack.size for pack in self._packs))
 
     def _older_pack_may_hold(self, digest: str, pack: Pack) -> bool:
         """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""

@@ -14,9 +14,10 @@ and renamed from the staging directory to their final names. A caller commits me
 that references objects only after ``Batch.commit`` returns.
 
 A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
-``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``X`` a delta,
-``D`` a deletion (no body). Each pack's header carries the length known to be durable; on
-open, records past it are verified and a torn tail is cut off.
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``Y`` a delta
+(zstd), ``X`` a zlib delta (written before zstd deltas, still read), ``D`` a deletion (no body).
+Each pack's header carries the length known to be durable; on open, records past it are
+verified and a torn tail is cut off.
 
 Packs are replayed in order on open, the last record of a digest winning and a deletion
 (tombstone) ending every record of it before. A compaction that removes a pack therefore
@@ -31,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -42,6 +45,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import zstandard
+
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import DataLoss, Reason
 from checkpointd.core.store.compaction import Compaction
@@ -50,8 +55,10 @@ from checkpointd.core.store.packs import (
     BODY_ERRORS,
     DELTA,
     DELTA_HEADER,
+    DELTAS,
     PACK_HEADER,
     PACK_MAGIC,
+    ZSTD_DELTA,
     Location,
     Pack,
     Recovery,
@@ -64,9 +71,8 @@ from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, Z
 
 log = logging.getLogger("checkpointd.store")
 
-MAX_DELTA_DEPTH = 8
-#: zlib looks back 32 KiB at most: beyond that a base helps little.
-_DELTA_LIMIT = 64 << 10
+MAX_DELTA_DEPTH = 16
+_ZSTD_DELTA_LEVEL = 3
 _CHUNK = 1 << 20
 
 #: A pack stops taking new records past this size; a new one is started. Tests shrink it
@@ -90,48 +96,85 @@ def digest_bytes(data: bytes) -> str:
 
 
 class SharedExclusiveLock:
-    """Many holders of the shared side, or one of the exclusive side (writers first)."""
+    """Many holders of the shared side, or one of the exclusive side (writers first, or, with a
+    patience, as long as no shared holder looks stuck)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._shared = 0
+        #: Shared holders: token -> when it entered (monotonic seconds).
+        self._holders: dict[int, float] = {}
+        self._tokens = itertools.count()
         self._exclusive = False
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         with self._cond:
             self._cond.wait_for(lambda: not self._exclusive)
-            self._shared += 1
+            token = self._enter()
         try:
             yield
         finally:
-            self._release_shared()
+            self._release_shared(token)
 
     def try_shared(self) -> Callable[[], None] | None:
         """The shared side if it can be had without waiting: its release, else None."""
         with self._cond:
             if self._exclusive:
                 return None
-            self._shared += 1
-        return self._release_shared
+            token = self._enter()
+        return functools.partial(self._release_shared, token)
 
-    def _release_shared(self) -> None:
+    def _enter(self) -> int:
+        token = next(self._tokens)
+        self._holders[token] = time.monotonic()
+        return token
+
+    def _release_shared(self, token: int) -> None:
         with self._cond:
-            self._shared -= 1
+            del self._holders[token]
             self._cond.notify_all()
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, patience: float | None = None) -> Iterator[None]:
+        """Without ``patience``, waits as long as the shared holders take, holding back new ones.
+        With it, raises ``Postponed`` rather than wait on a holder that looks stuck (see ``_take``)."""
         with self._cond:
             self._cond.wait_for(lambda: not self._exclusive)
-            self._exclusive = True
-            self._cond.wait_for(lambda: self._shared == 0)
+            if patience is None:
+                self._exclusive = True
+                self._cond.wait_for(lambda: not self._holders)
+            elif not self._take(patience):
+                raise Postponed(f"a holder of the shared side has held it for over {patience:g}s")
         try:
             yield
         finally:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+    def _take(self, patience: float) -> bool:
+        """Called with ``_cond`` held. First waits up to ``patience`` for a moment with no shared
+        holder, holding back no one; then holds back new holders while the present ones finish,
+        unless one of them has held the lock for ``patience`` already (it entered before the wait
+        began and may never leave), and gives up once one has. New holders are so held back for
+        less than ``patience``, and never behind a holder that was stuck when this began."""
+        if self._cond.wait_for(lambda: not self._holders, timeout=patience):
+            self._exclusive = True
+            return True
+        self._exclusive = True
+        while self._holders:
+            stuck_at = min(self._holders.values()) + patience
+            remaining = stuck_at - time.monotonic()
+            if remaining <= 0:
+                self._exclusive = False
+                self._cond.notify_all()
+                return False
+            self._cond.wait(remaining)
+        return True
+
+
+class Postponed(RuntimeError):
+    """The exclusive side was not taken within its patience: a shared holder may be stuck."""
 
 
 class ContentStore(PackReplay, Compaction):
@@ -176,9 +219,11 @@ class ContentStore(PackReplay, Compaction):
         garbage collection holds the store."""
         return self._gc_fence.try_shared()
 
-    def collecting(self) -> contextlib.AbstractContextManager[None]:
-        """Held by garbage collection: no checkpoint is between its objects and its row."""
-        return self._gc_fence.exclusive()
+    def collecting(self, patience: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Held by garbage collection: no checkpoint is between its objects and its row. With a
+        ``patience``, ``Postponed`` rather than wait on (and hold every other capture back behind)
+        a capture that has held ``referencing`` that long (see ``SharedExclusiveLock._take``)."""
+        return self._gc_fence.exclusive(patience)
 
     def _clear_staging(self) -> None:
         """Leftovers of an interrupted batch were never referenced; drop them."""
@@ -226,6 +271,8 @@ class ContentStore(PackReplay, Compaction):
         if location.kind == DELTA:
             decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
             return decompressor.decompress(body[DELTA_HEADER.size:]) + decompressor.flush()
+        if location.kind == ZSTD_DELTA:
+            return zstd_decompress(body[DELTA_HEADER.size:], self.read_bytes(location.base))
         return body
 
     def _writable_pack(self) -> Pack:
@@ -372,7 +419,7 @@ class ContentStore(PackReplay, Compaction):
             if on_disk < indexed:
                 found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
         for digest, location in list(self._committed.items()):
-            if location.kind == DELTA and location.base not in self._committed:
+            if location.kind in DELTAS and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
         return found
 
@@ -444,7 +491,7 @@ class Batch:
         if len(data) > COMPRESS_LIMIT:
             self._put_loose(digest, (data,))
             return digest
-        if similar and len(data) <= _DELTA_LIMIT and self._put_delta(digest, data, similar, similar_data):
+        if similar and self._put_delta(digest, data, similar, similar_data):
             return digest
         kind, body = pack_body(data)
         self._publish(digest, self.store._writable_pack().append(digest, kind, body))
@@ -472,14 +519,15 @@ class Batch:
                 base_data = self.store.read_bytes(base)
         except DataLoss:
             return False
-        compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_DEFAULT_STRATEGY, base_data[-32768:])
-        delta = compressor.compress(data) + compressor.flush()
+        dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        delta = zstandard.ZstdCompressor(level=_ZSTD_DELTA_LEVEL, dict_data=dictionary,
+                                         write_content_size=True).compress(data)
         # Worth it only when clearly smaller than the object compressed on its own would be.
         if len(delta) * 4 > len(data):
             return False
         depth = location.depth + 1
         body = DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
-        self._publish(digest, self.store._writable_pack().append(digest, DELTA, body, base, depth))
+        self._publish(digest, self.store._writable_pack().append(digest, ZSTD_DELTA, body, base, depth))
         return True
 
     def _stage(self) -> tuple[int, Path]:
@@ -547,7 +595,7 @@ class Batch:
                 committed[digest] = loose
             else:
                 committed[digest] = location
-                if location.kind == DELTA:
+                if location.kind in DELTAS:
                     self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)

@@ -12,6 +12,8 @@ The GC fence spans replicas: ``referencing`` holds a shared PostgreSQL advisory 
 any thread of this process references objects (and a moment longer, for the next one), and
 ``collecting`` an exclusive one. While a process holds the shared lock no replica can
 collect, so it trusts the digests it has seen committed without asking the database again.
+A collection never queues for the exclusive lock (a queued request would hold back every
+replica's shared ones): it tries, for a bounded time, and is postponed if it cannot have it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from sqlalchemy.exc import DBAPIError
 from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
-from checkpointd.core.store.content_store import ContentStore, SharedExclusiveLock, run_finish_callbacks
+from checkpointd.core.store.content_store import ContentStore, Postponed, SharedExclusiveLock, run_finish_callbacks
 
 _RAW = "R"
 _ZLIB = "Z"
@@ -48,8 +50,13 @@ _KNOWN_LIMIT = 500_000
 #: do not each take and drop a database lock...
 _FENCE_LINGER_SECONDS = 0.2
 #: ...but once it has been held this long, new users wait for a moment with none, when it is
-#: let go, so that a collection waiting on another replica gets its turn.
+#: let go, so that a collection waiting on another replica gets its turn; not for a user that
+#: has itself been in this long (it may be stuck: waiting would stall every capture behind it).
 _FENCE_TURN_SECONDS = 2.0
+#: Held by a collection while it asks for the replica fence: replicas at their turn give way.
+_COLLECTION_WANTED = "content-store-gc-wanted"
+#: How often a collection asks again for the exclusive replica lock while others hold it.
+_TRY_AGAIN_SECONDS = 0.05
 #: Chunk bytes sent to the database in one round trip.
 _INSERT_BUFFER = 8 << 20
 #: PostgreSQL SQLSTATE class 53: insufficient resources (disk full, out of memory, too many connections).
@@ -116,7 +123,8 @@ class DatabaseStore:
         self._replica_fence = db.advisory_lock("content-store-gc", shared=True)
         #: Guards the replica fence's state below and ``_known``.
         self._fence = threading.Condition()
-        self._fence_users = 0
+        #: This process's users of the replica fence: token -> when it entered (monotonic seconds).
+        self._fence_users: dict[object, float] = {}
         self._fence_held_since: float | None = None
         self._fence_last_left = 0.0
         self._fence_keeper: threading.Thread | None = None
@@ -127,6 +135,8 @@ class DatabaseStore:
         #: Bumped whenever ``_known`` is dropped, so a look-up that raced a drop is not remembered.
         self._generation = 0
         self._gc_epoch: int | None = None
+        #: Whether the running collection has bumped the GC epoch (its first ``delete`` does).
+        self._epoch_bumped = False
         self._deletions = 0
 
     def _clear_staging(self) -> None:
@@ -143,31 +153,48 @@ class DatabaseStore:
         an object found to exist (and so not rewritten) cannot be collected meanwhile, by
         any replica."""
         with self._local_fence.shared():
-            self._enter_replica_fence()
+            token = self._enter_replica_fence()
             try:
                 yield
             finally:
-                self._leave_replica_fence()
+                self._leave_replica_fence(token)
 
     def try_referencing(self) -> Callable[[], None] | None:
         """Always None: taking the fence may wait for the database (see ``referencing``)."""
         return None
 
-    def _enter_replica_fence(self) -> None:
+    def _enter_replica_fence(self) -> object:
+        """Joins this process's hold of the replica fence (taking it if none): a token for ``_leave``."""
         with self._fence:
-            if self._fence_turn_is_over():
-                self._fence.wait_for(lambda: self._fence_users == 0 or self._fence_held_since is None)
-                if self._fence_turn_is_over():
-                    self._let_go_of_replica_fence()
+            if self._fence_turn_is_over() and self._fence_users:
+                # Wait for the present users, but not past the moment the oldest of them has
+                # been in for a whole turn: then it may be stuck, and its turn cannot come anyway.
+                oldest = min(self._fence_users.values())
+                self._fence.wait_for(lambda: not self._fence_users or self._fence_held_since is None,
+                                     timeout=oldest + _FENCE_TURN_SECONDS - time.monotonic())
+            if self._fence_turn_is_over() and not self._fence_users:
+                self._let_go_of_replica_fence()
+                self._give_way_to_a_collection()
             if self._fence_held_since is None:
                 self._take_replica_fence()
-            self._fence_users += 1
+            token = object()
+            self._fence_users[token] = time.monotonic()
+            return token
 
-    def _leave_replica_fence(self) -> None:
+    def _give_way_to_a_collection(self) -> None:
+        """Called with ``_fence`` held, just after letting go of the replica fence: if another
+        replica's collection is asking for it (it never queues), gives it time to ask once more."""
+        wanted = self.db.advisory_lock(_COLLECTION_WANTED, shared=True)
+        if wanted.acquire(wait=False):
+            wanted.release()
+            return
+        time.sleep(2 * _TRY_AGAIN_SECONDS)
+
+    def _leave_replica_fence(self, token: object) -> None:
         with self._fence:
-            self._fence_users -= 1
+            del self._fence_users[token]
             self._fence_last_left = time.monotonic()
-            if self._fence_users == 0:
+            if not self._fence_users:
                 self._fence.notify_all()
 
     def _fence_turn_is_over(self) -> bool:
@@ -204,7 +231,7 @@ class DatabaseStore:
         while True:
             with self._fence:
                 self._fence.wait_for(lambda: self._closed or (self._fence_held_since is not None
-                                                              and self._fence_users == 0))
+                                                              and not self._fence_users))
                 if self._closed:
                     return
                 idle_for = time.monotonic() - self._fence_last_left
@@ -215,19 +242,39 @@ class DatabaseStore:
                     self._let_go_of_replica_fence()
 
     @contextlib.contextmanager
-    def collecting(self) -> Iterator[None]:
-        """Held by garbage collection: no checkpoint, on any replica, is between its objects and its row."""
-        with self._local_fence.exclusive():
+    def collecting(self, patience: float | None = None) -> Iterator[None]:
+        """Held by garbage collection: no checkpoint, on any replica, is between its objects and
+        its row. With a ``patience``, ``Postponed`` rather than wait longer on a capture of this
+        process (as ``ContentStore.collecting``) or on the other replicas' fences. The GC epoch is
+        bumped by the first ``delete`` (a collection that deletes nothing leaves every replica's
+        caches, and so its incremental captures, alone)."""
+        with self._local_fence.exclusive(patience):
             with self._fence:
                 if self._fence_held_since is not None:
                     self._let_go_of_replica_fence()
-            with self.db.advisory_lock("content-store-gc"):
-                with self.db.engine.begin() as connection:
-                    connection.execute(update(_state).where(_state.c.id == 1)
-                                       .values(gc_epoch=_state.c.gc_epoch + 1))
-                with self._fence:
-                    self._forget_known()
+            exclusive = self.db.advisory_lock("content-store-gc")
+            wanted = self.db.advisory_lock(_COLLECTION_WANTED)
+            asking = wanted.acquire(wait=False)
+            try:
+                self._take_exclusively(exclusive, patience)
+            finally:
+                if asking:
+                    wanted.release()
+            try:
+                self._epoch_bumped = False
                 yield
+            finally:
+                exclusive.release()
+
+    @staticmethod
+    def _take_exclusively(lock, patience: float | None) -> None:
+        """Asks again and again rather than queue: a queued request would hold back every
+        replica's new shared requests behind one that may never be let go."""
+        deadline = None if patience is None else time.monotonic() + patience
+        while not lock.acquire(wait=False):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Postponed(f"another replica has held the content store's fence for over {patience:g}s")
+            time.sleep(_TRY_AGAIN_SECONDS)
 
     def _read_gc_epoch(self) -> int:
         with self.db.engine.connect() as connection:
@@ -328,12 +375,17 @@ class DatabaseStore:
         return self._deletions
 
     def delete(self, digest: str) -> None:
+        """Called under ``collecting``; the first delete of a collection bumps the GC epoch in
+        its transaction, so every replica forgets what it knew once it takes the fence again."""
         with self._fence:
             self._forget_known()
             self._deletions += 1
         with self.db.engine.begin() as connection:
+            if not self._epoch_bumped:
+                connection.execute(update(_state).where(_state.c.id == 1).values(gc_epoch=_state.c.gc_epoch + 1))
             connection.execute(delete(_objects).where(_objects.c.digest == digest))
             connection.execute(delete(_chunks).where(_chunks.c.digest == digest))
+        self._epoch_bumped = True
 
     def stored_size(self, digest: str) -> int | None:
         """Bytes a committed object takes in the store (its chunks, compressed); None if it is not stored."""
@@ -348,7 +400,7 @@ class DatabaseStore:
         """Lets go of the replica fence (the store is unusable afterwards)."""
         with self._fence:
             self._closed = True
-            if self._fence_held_since is not None and self._fence_users == 0:
+            if self._fence_held_since is not None and not self._fence_users:
                 self._let_go_of_replica_fence()
             self._fence.notify_all()
 

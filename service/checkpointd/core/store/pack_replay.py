@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from checkpointd.core.kernel.errors import DataLoss, Reason
 from checkpointd.core.store.packs import (
     DELETED,
-    DELTA,
     DELTA_HEADER,
+    DELTAS,
     KINDS,
     PACK_HEADER,
     PACK_MAGIC,
     PACK_MAGIC_ZLIB,
+    PACK_MAGIC_ZSTD,
     Location,
     Pack,
     Recovery,
@@ -49,12 +50,12 @@ class PackReplay:
         first incomplete or corrupt record (a write cut short by a crash) ends the pack."""
         size = os.fstat(pack.fd).st_size
         magic, durable_hint = PACK_HEADER.unpack(os.pread(pack.fd, PACK_HEADER.size, 0).ljust(16, b"\0"))
-        if magic not in (PACK_MAGIC, PACK_MAGIC_ZLIB):
+        if magic not in (PACK_MAGIC, PACK_MAGIC_ZSTD, PACK_MAGIC_ZLIB):
             raise DataLoss(Reason.CORRUPT_CONTENT, f"{pack.path} is not a pack")
         pack.appendable = magic == PACK_MAGIC
         end = PACK_HEADER.size
         for digest, kind, body_at, length in self._records(pack, size):
-            if kind == DELTA:
+            if kind in DELTAS:
                 if length < DELTA_HEADER.size:
                     break
                 raw_base, depth = DELTA_HEADER.unpack(os.pread(pack.fd, DELTA_HEADER.size, body_at))
@@ -62,7 +63,7 @@ class PackReplay:
             else:
                 location = Location(pack, body_at, length, kind)
             if body_at + length > durable_hint and kind != DELETED:
-                if kind == DELTA:
+                if kind in DELTAS:
                     # Its base may be in a later pack (moved by a compaction): checked once all are read.
                     recovery.unverified.append((digest, location))
                 elif not self._verifies(digest, location):
@@ -74,7 +75,7 @@ class PackReplay:
             recovery.record(digest, location, previous)
             if kind != DELETED:
                 self._committed[digest] = location
-                if kind == DELTA:
+                if kind in DELTAS:
                     self._dependents.setdefault(location.base, set()).add(digest)
         if end != size:
             os.ftruncate(pack.fd, end)
@@ -91,7 +92,7 @@ class PackReplay:
                 log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
                 self._fall_back(digest, recovery)
         resolved: dict[str, bool] = {}
-        for digest in [d for d, location in self._committed.items() if location.kind == DELTA]:
+        for digest in [d for d, location in self._committed.items() if location.kind in DELTAS]:
             self._resolves(digest, recovery, resolved)
 
     def _resolves(self, digest: str, recovery: Recovery, resolved: dict[str, bool]) -> bool:
@@ -107,7 +108,7 @@ class PackReplay:
             if location is None or current in chain:
                 ok = False
                 break
-            if location.kind != DELTA:
+            if location.kind not in DELTAS:
                 ok = resolved[current] = True
                 break
             chain[current] = None
@@ -131,7 +132,8 @@ class PackReplay:
             self._committed[digest] = earlier
             if earlier.pack is not None:
                 self._dead[earlier.pack] -= RECORD.size + earlier.length
-            if earlier.kind != DELTA or self._resolves(earlier.base, recovery, {} if resolved is None else resolved):
+            if earlier.kind not in DELTAS or self._resolves(earlier.base, recovery,
+                                                              {} if resolved is None else resolved):
                 return True
             self._mark_dead(digest, self._committed.pop(digest))
         return False

@@ -20,20 +20,33 @@ from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, Z
 
 #: Record kinds besides RAW and ZLIB, whose encoding (like the record header) reader
 #: processes share (see ``readworker``).
+#: A delta as servers before zstd deltas wrote it (zlib: the base's last 32 KiB as dictionary).
 DELTA = b"X"
+
+#: A delta: zstd with the whole base as its dictionary.
+ZSTD_DELTA = b"Y"
+
+DELTAS = (DELTA, ZSTD_DELTA)
 
 DELETED = b"D"
 
-KINDS = (RAW, ZLIB, ZSTD, DELTA, DELETED)
+KINDS = (RAW, ZLIB, ZSTD, DELTA, ZSTD_DELTA, DELETED)
 
-#: A delta is zlib with the content of another object (its base) as preset dictionary:
-#: ``base digest (32 bytes) | depth (1) | zlib stream``. A new version of a file or of a
-#: directory node is stored against the previous one; chains stay short to bound reads.
+#: A delta is an object compressed with the content of another object (its base) as
+#: dictionary: ``base digest (32 bytes) | depth (1) | stream``, the stream zstd with all of the
+#: base as a raw-content dictionary (kind ``Y``), or, written before, zlib with the base's last
+#: 32 KiB (kind ``X``: zlib looks back no further, so a change near the top of a file over 32
+#: KiB cost a whole copy, and level-1 zlib deltas of small files were about 1.8x zstd's). A new
+#: version of a file or of a directory node is stored against the previous one; chains stay
+#: short to bound reads.
 DELTA_HEADER = struct.Struct(">32sB")
 
-#: Packs that may hold zstd records. A server from before zstd refuses such a pack as "not a
-#: pack" rather than taking its first zstd record for a torn tail and cutting the rest off.
-PACK_MAGIC = b"CKPTPAK2"
+#: Packs that may hold zstd deltas. A server from before them refuses such a pack as "not a
+#: pack" rather than taking its first such record for a torn tail and cutting the rest off.
+PACK_MAGIC = b"CKPTPAK3"
+
+#: Packs written before zstd deltas (no ``Y`` records): read, never appended to.
+PACK_MAGIC_ZSTD = b"CKPTPAK2"
 
 #: Packs written before zstd (raw and zlib records only): read, never appended to.
 PACK_MAGIC_ZLIB = b"CKPTPAK1"
@@ -45,12 +58,16 @@ BODY_ERRORS = (zlib.error, zstandard.ZstdError)
 
 _decompressors = threading.local()
 
-def zstd_decompress(body: bytes) -> bytes:
-    """A zstd record's content. Only objects up to COMPRESS_LIMIT are packed: a frame that says
-    it holds more is corrupt, and is not given the memory it asks for."""
+def zstd_decompress(body: bytes, base: bytes | None = None) -> bytes:
+    """A zstd record's content (``base``: a zstd delta's, its dictionary). Only objects up to
+    COMPRESS_LIMIT are packed: a frame that says it holds more is corrupt, and is not given the
+    memory it asks for."""
     size = zstandard.frame_content_size(body)
     if not 0 <= size <= COMPRESS_LIMIT:
         raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+    if base is not None:
+        dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(body, max_output_size=COMPRESS_LIMIT)
     decompressor = getattr(_decompressors, "decompressor", None)
     if decompressor is None:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
@@ -105,7 +122,7 @@ class Recovery:
     superseded: dict[str, list[Location]] = field(default_factory=dict)
 
     def record(self, digest: str, location: Location, previous: Location | None) -> None:
-        if location.kind != DELTA:
+        if location.kind not in DELTAS:
             self.superseded.pop(digest, None)
         elif previous is not None:
             self.superseded.setdefault(digest, []).append(previous)
@@ -119,7 +136,7 @@ class Pack:
         self.fd = fd
         self.size = size
         self.durable = durable
-        #: False for a pack from before zstd records (see PACK_MAGIC_ZLIB).
+        #: False for a pack from before zstd deltas (see PACK_MAGIC_ZSTD).
         self.appendable = True
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()

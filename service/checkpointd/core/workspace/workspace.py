@@ -6,12 +6,15 @@ to the path - so no read or write can be redirected outside the root by a symlin
 or by a directory swapped in mid-operation, whether inside the workspace or above it. Files
 are replaced atomically (temporary name in the same directory, fsync, rename); the rename
 replaces a symlink itself, never what it points to, and never writes into a hard-linked
-inode.
+inode. Within ``batched_sync`` the fsyncs are deferred instead: each file and directory
+written joins a ``SyncBatch`` that the caller flushes before it acknowledges anything (a
+rollback's journal entry covers the writes until then; see ``restore``).
 
 Every call that replaces or removes a path takes a ``check``: called with the parent
 directory's fd and the name just before the rename, unlink, rmdir or mkdir, it raises if the
 path is no longer what the caller expects (see ``restore.restorer``). A temporary file is written and
-synced before its check, so the check-to-rename window is one ``lstat`` and one ``rename``.
+synced (or, batched, fully written) before its check, so the check-to-rename window is one
+``lstat`` and one ``rename``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
+from checkpointd.core.workspace.syncbatch import SyncBatch
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The one name prefix the server creates in workspaces (see ``Workspace._temp_name``).
@@ -101,6 +105,26 @@ class Workspace:
         self.root = root
         #: Names this workspace's temporary files, so that they can be found after a crash.
         self.temp_tag = temp_tag
+        #: Within ``batched_sync``: where writes defer their fsyncs to.
+        self._pending: SyncBatch | None = None
+
+    @contextlib.contextmanager
+    def batched_sync(self) -> Iterator[SyncBatch]:
+        """Writes, renames and removals within skip their own fsyncs and join the batch yielded,
+        which the caller must ``flush`` before it reports them done (what is left unflushed is
+        dropped unsynced when the block ends)."""
+        pending = self._pending = SyncBatch()
+        try:
+            yield pending
+        finally:
+            self._pending = None
+            pending.close()
+
+    def _synced_dir(self, path: str, fd: int) -> None:
+        """Directory ``fd`` (at ``path``) had an entry created, renamed or removed: durable now, or
+        at the batch's flush. Only batched: unbatched removals and mkdirs stay unsynced, as before."""
+        if self._pending is not None:
+            self._pending.add_dir(path, fd)
 
     @contextlib.contextmanager
     def root_fd(self) -> Iterator[int]:
@@ -188,6 +212,7 @@ class Workspace:
             check(fd, name)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
+                self._synced_dir(parent, fd)
             try:
                 created = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
@@ -215,9 +240,12 @@ class Workspace:
                         out.write(chunk)
                     out.flush()
                     os.fchmod(out.fileno(), mode)
-                    os.fsync(out.fileno())
+                    if self._pending is None:
+                        os.fsync(out.fileno())
+                    else:
+                        self._pending.add_file(path, out.fileno())
                 crash_point(Point.WORKSPACE_WRITE)
-                self._replace(temp, name, dfd, check)
+                self._replace(temp, name, dfd, check, parent)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp, dir_fd=dfd)
@@ -229,7 +257,7 @@ class Workspace:
             temp = self._temp_name()
             os.symlink(target, temp, dir_fd=dfd)
             try:
-                self._replace(temp, name, dfd, check)
+                self._replace(temp, name, dfd, check, parent)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp, dir_fd=dfd)
@@ -239,8 +267,7 @@ class Workspace:
         tag = f"{self.temp_tag}-" if self.temp_tag else ""
         return f"{TEMP_PREFIX}{tag}{uuid.uuid4().hex}"
 
-    @staticmethod
-    def _replace(temp: str, name: str, dfd: int, check: Check) -> None:
+    def _replace(self, temp: str, name: str, dfd: int, check: Check, parent: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(name, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
@@ -252,7 +279,10 @@ class Workspace:
             if exc.errno in _SWAPPED:
                 raise UnsafePath(name) from exc
             raise
-        os.fsync(dfd)
+        if self._pending is None:
+            os.fsync(dfd)
+        else:
+            self._pending.add_dir(parent, dfd)
 
     def remove_temp_files(self, directory: str, temp_tag: str) -> int:
         """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
@@ -276,6 +306,7 @@ class Workspace:
             check(fd, name)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=fd)
+                self._synced_dir(parent, fd)
 
     def remove_empty_dir(self, path: str, check: Check = _no_check) -> bool:
         """Removes a directory only if it is empty; True when it is gone."""
@@ -284,6 +315,7 @@ class Workspace:
             with self.dir_fd(parent) as fd:
                 check(fd, name)
                 os.rmdir(name, dir_fd=fd)
+                self._synced_dir(parent, fd)
         except FileNotFoundError:
             return True
         except OSError as exc:

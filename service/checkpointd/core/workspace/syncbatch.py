@@ -1,0 +1,152 @@
+"""Batched durability: many files written and renamed without a sync each, then made durable
+together before anyone is told they are.
+
+One fsync per restored file (and one per directory) made a rollback of a few dozen files cost
+hundreds of milliseconds: each is a journal commit of its own. A ``SyncBatch`` keeps a duplicate
+descriptor of every file and directory written under it and, at ``flush``, makes them durable
+together: a batch of ``SYNCFS_MIN`` or more with one ``syncfs(2)`` per file system they are on
+(Linux; one journal commit, and about 3x faster than concurrent fsyncs for 60 files on these
+machines), a smaller one, or where syncfs is missing or fails, with fsyncs issued at once from a
+small pool of threads (the journal commits concurrent fsyncs together; a failure names its
+file). syncfs also waits for other processes' dirty data on the same file system: with a build
+writing beside it, it measured no faster than one fsync per file (but no slower either).
+
+Until ``flush`` returns nothing written under the batch is known to be durable: a caller
+acknowledges (or drops the journal entry that can finish or undo the writes) only after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+log = logging.getLogger("checkpointd.syncbatch")
+
+#: At most this many descriptors are held open by a batch; past it the batch is flushed early.
+MAX_PENDING = 128
+#: Threads that fsync concurrently (each waits on the disk with the interpreter lock released).
+SYNC_THREADS = 8
+#: From this many files and directories on, a batch is synced with syncfs (see the module docstring).
+SYNCFS_MIN = 8
+
+_libc_syncfs = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), "syncfs", None)
+
+
+def _syncfs(fd: int) -> None:
+    """syncfs(2): everything written to ``fd``'s file system is durable when it returns."""
+    if _libc_syncfs is None:
+        raise OSError(0, "syncfs is not available")
+    if _libc_syncfs(fd) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+
+_pool: Executor | None = None
+_pool_guard = threading.Lock()
+
+
+def _executor() -> Executor:
+    global _pool
+    with _pool_guard:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="checkpointd-fsync")
+        return _pool
+
+
+class SyncFailed(OSError):
+    """A file or directory of the batch could not be made durable (``path``: which)."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.path = path
+        self.cause = cause
+
+
+class SyncBatch:
+    """Files and directories written without their own fsync, made durable together by ``flush``."""
+
+    def __init__(self) -> None:
+        #: (path, duplicated fd) of every file and directory to sync, in the order added.
+        self._pending: list[tuple[str, int]] = []
+        #: One pending fd on each file system (device) the batch wrote to, for syncfs.
+        self._devices: dict[int, int] = {}
+        #: Directories already pending, by (device, inode): each is synced once per flush.
+        self._dirs: set[tuple[int, int]] = set()
+
+    def add_file(self, path: str, fd: int) -> None:
+        """``fd``'s file (written, not synced) must be durable at the next flush."""
+        self._add(path, fd)
+
+    def add_dir(self, path: str, fd: int) -> None:
+        """An entry of directory ``fd`` was created, renamed or removed: it must be durable too."""
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key not in self._dirs:
+            self._dirs.add(key)
+            self._add(path, fd, st.st_dev)
+
+    def _add(self, path: str, fd: int, device: int | None = None) -> None:
+        duplicate = os.dup(fd)
+        self._pending.append((path, duplicate))
+        self._devices.setdefault(os.fstat(fd).st_dev if device is None else device, duplicate)
+        if len(self._pending) >= MAX_PENDING:
+            self.flush()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def flush(self) -> None:
+        """Makes everything added so far durable; raises ``SyncFailed`` (the first failure, by the
+        order added) if any of it could not be synced. The batch is empty afterwards either way."""
+        pending, self._pending = self._pending, []
+        devices, self._devices = self._devices, {}
+        self._dirs.clear()
+        if not pending:
+            return
+        try:
+            if len(pending) >= SYNCFS_MIN and _synced_whole_file_systems(list(devices.values())):
+                return
+            if len(pending) == 1:
+                errors = [_sync(pending[0][1])]
+            else:
+                errors = list(_executor().map(_sync, [fd for _path, fd in pending]))
+        finally:
+            for _path, fd in pending:
+                os.close(fd)
+        for (path, _fd), error in zip(pending, errors, strict=True):
+            if error is not None:
+                raise SyncFailed(path, error)
+
+    def close(self) -> None:
+        """Drops what is pending without syncing it (the caller failed before its sync point)."""
+        pending, self._pending = self._pending, []
+        self._devices.clear()
+        self._dirs.clear()
+        for _path, fd in pending:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _synced_whole_file_systems(fds: list[int]) -> bool:
+    """syncfs on each fd (one per file system); False if it is missing or failed (the caller then
+    fsyncs each file, which also names the one that cannot be synced)."""
+    try:
+        for fd in fds:
+            _syncfs(fd)
+    except OSError as exc:
+        if exc.errno:
+            log.warning("syncfs failed (%s); syncing file by file", exc.strerror)
+        return False
+    return True
+
+
+def _sync(fd: int) -> OSError | None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        return exc
+    return None
