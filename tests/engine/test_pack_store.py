@@ -19,8 +19,8 @@ from checkpointd.core.capture.snapshot import Snapshotter, disk_rules
 from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.kernel.errors import DataLoss, ResourceExhausted
 from checkpointd.core.store import content_store as store_module
-from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store import packs as packs_module
+from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import Trees
 from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
