@@ -15,7 +15,7 @@ Every point is a no-op unless the server process was started with one of these v
 Point names are a closed list (``Point``); a variable naming anything else, or a malformed
 value, stops the server at import time rather than silently testing nothing. Where each is
 reached (under ``checkpointd/core/``): ``create.*`` in engine/create.py; ``rollback.*`` in
-engine/rollback.py (``rollback.applied`` also in engine/recovery.py); ``restore.change`` in
+engine/rollback.py (``rollback.applied`` also in engine/recovery.py); ``restore.*`` in
 restore/restorer.py; ``workspace.*`` in workspace/workspace.py; ``gc.listed`` in
 maintenance/retention.py; ``compact.*`` in store/compaction.py.
 """
