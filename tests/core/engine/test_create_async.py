@@ -123,7 +123,7 @@ def test_every_create_that_could_wait_runs_in_a_thread(engine, tmp_path, monkeyp
 def test_a_busy_plan_is_served_in_a_thread_once_it_is_free(engine):
     plan_id, threads = str(ULID()), Threads()
     _create(engine, threads, plan_id)
-    release = engine.plans.try_lock(plan_id)
+    release = engine.registry.try_lock(plan_id)
     assert release is not None
 
     async def while_busy():
@@ -194,10 +194,10 @@ def test_a_cancelled_create_is_committed_and_holds_its_plan_until_then(engine, m
             await task
 
     asyncio.run(cancelled())
-    assert engine.plans.try_lock(plan_id) is None, "the plan stays locked while its commit runs"
+    assert engine.registry.try_lock(plan_id) is None, "the plan stays locked while its commit runs"
     finish.set()
     group_commit.close()
-    release = engine.plans.try_lock(plan_id)
+    release = engine.registry.try_lock(plan_id)
     assert release is not None, "the commit's end freed the plan"
     release()
     assert engine.count(plan_id) == 2

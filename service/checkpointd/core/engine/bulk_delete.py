@@ -52,7 +52,7 @@ def delete_matching(parts: EngineParts, plan_id: str, filter_text: str) -> list[
         plans = sorted(session.exec(select(CheckpointRow.plan_id).where(*conditions(wanted, plan_id)).distinct()).all())
     deleted: list[Checkpoint] = []
     for plan in plans:
-        with parts.plans.lock(plan), parts.db.session() as session:
+        with parts.registry.lock(plan), parts.db.session() as session:
             rows = list(session.exec(select(CheckpointRow).where(*conditions(wanted, plan))).all())
             for row in rows:
                 session.delete(row)

@@ -39,9 +39,9 @@ class Checkpoints:
         self.capturer = parts.capturer
         self.restorer = parts.restorer
         self.journal = parts.journal
-        self.plans = parts.plans
+        self.registry = parts.registry
         #: In-process plan locks; a call from the event loop never waits for one in a thread.
-        self.plan_locks = parts.plans.locks
+        self.plan_locks = parts.registry.locks
         self.recovery = Recovery(parts)
         self._create = Create(parts, self.recovery)
         self._history = History(parts)

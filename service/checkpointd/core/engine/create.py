@@ -103,7 +103,7 @@ class Create:
     def create(self, req: CreateRequest) -> Checkpoint:
         parts = self.parts
         new = self._arguments(req)
-        with parts.plans.lock(new.plan_id), parts.store.referencing():
+        with parts.registry.lock(new.plan_id), parts.store.referencing():
             self.recovery.take_over(new.plan_id)
             if new.request_id:
                 with parts.db.session() as session:
@@ -118,14 +118,14 @@ class Create:
     def _record_again(self, new: _CreateArguments) -> Checkpoint:
         """Another replica recorded the plan's root since this one remembered the plan. Read
         again under this plan's lock, the root cannot change before the second attempt."""
-        self.parts.plans.forget(new.plan_id)
+        self.parts.registry.forget(new.plan_id)
         return self._capture_and_record(new)
 
     def _capture_and_record(self, new: _CreateArguments) -> Checkpoint:
         """Captures the plan's workspace (if it has one) and records the checkpoint, under the plan's lock."""
         parts = self.parts
         req = new.request
-        plan = parts.plans.known(new.plan_id, req.workspace_root)
+        plan = parts.registry.known(new.plan_id, req.workspace_root)
         with parts.store.batch() as batch:
             capture, patterns, excluded = parts.capture(plan, batch) if plan.workspace_root else (None, [], [])
             state_digest = batch.put_bytes(req.state) if req.state else None
@@ -169,7 +169,7 @@ class Create:
         started = self._start_on_loop(req)
         if started is None:
             # A busy plan is waited for on the loop, not in a thread (see PlanLocks.run).
-            return await self.parts.plans.locks.run(run_blocking, self.create, req, plan_id=req.plan_id)
+            return await self.parts.registry.locks.run(run_blocking, self.create, req, plan_id=req.plan_id)
         try:
             await _committed(started.committed)
         except asyncio.CancelledError:
@@ -201,10 +201,10 @@ class Create:
                 or may_stall(Point.CREATE_CAPTURED, Point.CREATE_COMMITTED):
             return None
         new = self._arguments(req)
-        plan = parts.plans.remembered(new.plan_id)
+        plan = parts.registry.remembered(new.plan_id)
         if plan is None or plan.workspace_root is not None or parts.journal.may_have(new.plan_id):
             return None
-        release_plan = parts.plans.try_lock(new.plan_id)
+        release_plan = parts.registry.try_lock(new.plan_id)
         if release_plan is None:
             return None
         release_store = parts.store.try_referencing()

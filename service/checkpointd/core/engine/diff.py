@@ -48,7 +48,7 @@ class Diffs:
         and what changed since is captured again by the next checkpoint). An unfinished rollback
         of the plan is finished first."""
         parts = self.parts
-        with parts.plans.lock(base.plan_id), parts.store.referencing():
+        with parts.registry.lock(base.plan_id), parts.store.referencing():
             self.recovery.take_over(base.plan_id)
             batch = parts.store.batch()
             try:

@@ -60,7 +60,7 @@ class History:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)
         with parts.db.session() as session:
             row = parts.load(session, checkpoint_id)
-        with parts.plans.lock(row.plan_id), parts.db.session() as session:
+        with parts.registry.lock(row.plan_id), parts.db.session() as session:
             row = parts.load(session, checkpoint_id)
             session.delete(row)
             session.commit()

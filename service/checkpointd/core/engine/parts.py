@@ -16,7 +16,7 @@ from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.capture.watcher import Watcher
 from checkpointd.core.capture.watcher import available as watcher_available
 from checkpointd.core.config.registry import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
-from checkpointd.core.engine.plans import Plans
+from checkpointd.core.engine.plan_registry import PlanRegistry
 from checkpointd.core.engine.records import KnownPlan, write_checkpoints
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel import validation
@@ -49,7 +49,7 @@ class EngineParts:
                         "every capture scans its whole workspace")
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
         self.restorer = Restorer(store, self.trees)
-        self.plans = Plans(db, settings.allowed_roots)
+        self.registry = PlanRegistry(db, settings.allowed_roots)
         self.new_checkpoints = db.group_commit(write_checkpoints)
         self._data_dir = os.path.realpath(settings.data_dir)
         self.journal = RollbackJournal(db)

@@ -135,7 +135,7 @@ class Recovery:
         self._import_legacy_journal(Path(parts.settings.data_dir) / LEGACY_DIRECTORY)
         stuck = []
         for plan_id in parts.journal.plan_ids():
-            with parts.plans.lock(plan_id), parts.store.referencing():
+            with parts.registry.lock(plan_id), parts.store.referencing():
                 if self.take_over(plan_id) is not None:
                     stuck.append(plan_id)
         return stuck
@@ -148,7 +148,7 @@ class Recovery:
                 log.error("the rollback journal file %s is unreadable (%s); dropping it", path, entry)
                 path.unlink(missing_ok=True)
                 continue
-            with parts.plans.lock(entry.plan_id), parts.db.session() as session:
+            with parts.registry.lock(entry.plan_id), parts.db.session() as session:
                 safety = session.get(CheckpointRow, entry.safety_checkpoint_id)
                 if safety is None:
                     # Its server wrote the file before the safety checkpoint: nothing had changed.

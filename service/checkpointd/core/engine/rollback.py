@@ -60,7 +60,7 @@ class Rollbacks:
         request_fingerprint = fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value,
                                           paths=subset, dry_run=req.dry_run,
                                           state=hashlib.sha256(req.current_state).hexdigest())
-        with self.parts.plans.lock(plan_id), self.parts.store.referencing():
+        with self.parts.registry.lock(plan_id), self.parts.store.referencing():
             leftover = self.recovery.take_over(plan_id)
             with self.parts.db.session() as session:
                 return self._rollback_locked(session, req, plan_id, checkpoint_id, subset, request_id,

@@ -1,4 +1,4 @@
-"""Plans: the registry of the plans a server remembers (their workspace roots, recorded on first
+"""The plan registry: the plans a server remembers (their workspace roots, recorded on first
 mention and never changed) and the per-plan lock that serializes a plan's operations."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from checkpointd.core.metadata.models import PlanRow
 MAX_REMEMBERED_PLANS = 100_000
 
 
-class Plans:
+class PlanRegistry:
     def __init__(self, db: Database, allowed_roots: tuple[str, ...]) -> None:
         self.db = db
         self._plans: dict[str, KnownPlan] = {}

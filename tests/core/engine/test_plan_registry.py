@@ -14,7 +14,7 @@ from sqlalchemy import event
 from ulid import ULID
 
 from checkpointd.core.config.registry import ConfigStore
-from checkpointd.core.engine import plans as plans_module
+from checkpointd.core.engine import plan_registry as plans_module
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import CreateRequest, EngineSettings
 from checkpointd.core.metadata.db import Database
@@ -63,7 +63,7 @@ def test_a_plan_lock_is_dropped_with_its_last_user_and_still_serializes(engine):
     release = threading.Event()
 
     def hold() -> None:
-        with checkpoints.plans.lock(plan_id):
+        with checkpoints.registry.lock(plan_id):
             inside.set()
             release.wait(10)
 
