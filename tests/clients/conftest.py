@@ -168,6 +168,10 @@ class ScriptedConfigService(config_service_pb2_grpc.ConfigServiceServicer):
         self.reads_started = threading.Event()
         self._reads_released = threading.Event()
         self._reads_released.set()
+        self.read_failure: grpc.StatusCode | None = None
+        self.plans_read: list[str] = []
+        self.watches_opened = 0
+        self._watches_broken = threading.Event()
 
     def push(self, key: str, value: JsonValue) -> None:
         self.values[key] = value
@@ -180,6 +184,10 @@ class ScriptedConfigService(config_service_pb2_grpc.ConfigServiceServicer):
     def release_reads(self) -> None:
         self._reads_released.set()
 
+    def break_watches(self) -> None:
+        """Fault: every open WatchConfig stream ends with UNAVAILABLE (a server gone for a moment)."""
+        self._watches_broken.set()
+
     def _entry(self, key: str) -> config_service_pb2.ConfigEntry:
         return config_service_pb2.ConfigEntry(
             key=key, value=to_value(self.values[key]), source=config_service_pb2.CONFIG_SOURCE_GLOBAL
@@ -188,12 +196,19 @@ class ScriptedConfigService(config_service_pb2_grpc.ConfigServiceServicer):
     def GetConfig(self, request, context):  # noqa: N802 - gRPC method name
         self.reads_started.set()
         self._reads_released.wait()
+        self.plans_read.append(request.plan_id)
+        if self.read_failure is not None:
+            context.abort(self.read_failure, "fault injected: the read is refused")
         return config_service_pb2.GetConfigResponse(entry=self._entry(request.key))
 
     def WatchConfig(self, request, context):  # noqa: N802 - gRPC method name
+        self.watches_opened += 1
+        self._watches_broken.clear()
         for key in request.keys:
             yield config_service_pb2.WatchConfigResponse(entry=self._entry(key))
         while context.is_active():
+            if self._watches_broken.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "fault injected: the watch is broken")
             try:
                 key = self._pushed.get(timeout=0.1)
             except queue.Empty:

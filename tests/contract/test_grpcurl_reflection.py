@@ -6,10 +6,12 @@ the unix socket; errors show their ErrorInfo reason. buf curl works the same way
 from __future__ import annotations
 
 import base64
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -123,6 +125,23 @@ def test_every_checkpoint_rpc(checkpointd_server, transport, workspace, plan_id)
         {"base_checkpoint_id": first["checkpoint_id"], "target_checkpoint_id": second["checkpoint_id"]},
     )
     assert [(c["path"], c["kind"]) for c in diff["changes"]] == [("notes.txt", "CHANGE_KIND_MODIFIED")]
+    patched = call(checkpointd_server, transport, f"{service}/DiffCheckpoints",
+                   {"base_checkpoint_id": first["checkpoint_id"], "target_checkpoint_id": second["checkpoint_id"],
+                    "text_diffs": True})
+    assert patched["changes"][0]["text_diff"].endswith("-one\n\\ No newline at end of file\n+two\n"
+                                                       "\\ No newline at end of file\n")
+    plans = call(checkpointd_server, transport, f"{service}/ListPlans",
+                 {"filter": f'workspace_root = "{workspace}"'})
+    assert [p["plan_id"] for p in plans["plans"]] == [plan_id]
+    plan = call(checkpointd_server, transport, f"{service}/GetPlan", {"plan_id": plan_id})["plan"]
+    assert plan["checkpoint_count"] == "2" and plan["newest_checkpoint_id"] == second["checkpoint_id"]
+    read = call(checkpointd_server, transport, f"{service}/ReadCheckpointFile",
+                {"checkpoint_id": first["checkpoint_id"], "path": "notes.txt"})
+    assert base64.b64decode(read["data"]) == b"one" and read["entry_type"] == "ENTRY_TYPE_FILE"
+    exported = call(checkpointd_server, transport, f"{service}/ExportCheckpoint",
+                    {"checkpoint_id": first["checkpoint_id"]})
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(exported["data"]))) as tar:
+        assert tar.extractfile("notes.txt").read() == b"one"
     rollback = call(
         checkpointd_server,
         transport,

@@ -60,6 +60,16 @@ def test_the_readme_cli_session_rolls_back_and_configures(checkout):
     assert f"{checkout.unix_target}: SERVING" in result.stdout, "the CLI did not find make run's socket by itself"
 
 
+def test_the_readme_contents_session_finds_the_plan_reads_diffs_and_exports(checkout):
+    result = checkout.run_shell(readme_block("README.md", "cli-contents"))
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "1 plan(s)" in result.stdout
+    assert "one\ntwo\n" in result.stdout, "cat printed the file as it was"
+    assert "--- a/notes.txt\n+++ b/notes.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n" in result.stdout
+    assert "notes.txt" in result.stdout.splitlines()[-1], "tar lists the exported file"
+    assert (checkout.root / "demo" / "contents.tar").is_file()
+
+
 def test_the_readme_configuration_example_sets_and_clears_a_plan_override(checkout):
     result = checkout.run_shell(readme_block("README.md", "config-keys"))
     assert result.returncode == 0, result.stderr + result.stdout

@@ -11,7 +11,7 @@ Mutants that cannot change behaviour are left out by rule (operators on type ann
 docstrings and log calls; operators whose mutants are rarely meaningful: see OPERATORS) and by
 the checked-in list equivalent.toml (file, operator, the mutated line, and why).
 
-    python -m tests.mutation.modules [--module NAME ...] [--jobs N] [--keep DIR]
+    python -m tests.mutation.modules [--module NAME ...] [--jobs N] [--sample N] [--count]
 
 Runs with the cosmic-ray installed in .venv-mutants (`make mutants` sets it up); the tests run
 with the project's .venv. Writes build/mutation/<module>.json and prints the scores.
@@ -166,7 +166,8 @@ def skip_reason(module: Module, spans: dict[str, _Spans], sources: dict[str, lis
     return None
 
 
-def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.Lock, count_only: bool = False) -> dict:
+def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.Lock, count_only: bool = False,
+               sample: int = 1) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -196,6 +197,16 @@ def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.L
                 key = "equivalent" if reason.startswith("equivalent") else reason
                 skipped[key] = skipped.get(key, 0) + 1
                 db.set_result(item.job_id, WorkResult(output=reason, worker_outcome=WorkerOutcome.SKIPPED))
+        if sample > 1:  # every Nth counted mutant, in source order: a sample, reported as one
+            counted = sorted(db.pending_work_items, key=lambda i: (str(i.mutations[0].module_path),
+                                                                   tuple(i.mutations[0].start_pos),
+                                                                   i.mutations[0].operator_name,
+                                                                   i.mutations[0].occurrence))
+            for index, item in enumerate(counted):
+                if index % sample:
+                    skipped["not in the sample"] = skipped.get("not in the sample", 0) + 1
+                    db.set_result(item.job_id, WorkResult(output="not in the sample",
+                                                          worker_outcome=WorkerOutcome.SKIPPED))
         to_run = len(db.pending_work_items)
     with lock:
         print(f"{module.name}: {to_run} mutants to run ({sum(skipped.values())} left out: {skipped})", flush=True)
@@ -224,6 +235,7 @@ def run_module(module: Module, parent: Path, cosmic_ray: Path, lock: threading.L
     scored = killed + len(survived)
     report = {"module": module.name, "files": list(module.files), "tests": list(module.pytest),
               "killed": killed, "survived": len(survived), "incompetent": incompetent, "left_out": skipped,
+              "sample": f"every {sample}th mutant" if sample > 1 else "all",
               "score": round(100 * killed / scored, 1) if scored else None,
               "seconds": round(time.monotonic() - started), "survivors": sorted(survived, key=lambda s: s["line"])}
     REPORTS.mkdir(parents=True, exist_ok=True)
@@ -239,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", nargs="*", default=[], help="only these modules")
     parser.add_argument("--jobs", type=int, default=2, help="modules run side by side")
     parser.add_argument("--count", action="store_true", help="only count the mutants each module would run")
+    parser.add_argument("--sample", type=int, default=1, metavar="N",
+                        help="run every Nth mutant only (in source order), for a module too long to run whole")
     args = parser.parse_args(argv)
     cosmic_ray = Path(sys.executable).with_name("cosmic-ray")
     if not cosmic_ray.exists():
@@ -253,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            reports = list(pool.map(lambda m: run_module(m, parent, cosmic_ray, lock, args.count), modules))
+            reports = list(pool.map(
+                lambda m: run_module(m, parent, cosmic_ray, lock, args.count, args.sample), modules))
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     if args.count:

@@ -295,6 +295,7 @@ ROLLBACK_VARIANTS = {
     "another scope": lambda first, other: {"scope": pb.ROLLBACK_SCOPE_FILES},
     "other paths": lambda first, other: {"paths": ["a.txt"]},
     "another current state": lambda first, other: {"current_state": b"someone else's state"},
+    "nested workspaces allowed": lambda first, other: {"allow_nested_workspaces": True},
 }
 
 

@@ -80,6 +80,20 @@ const SERVICE_CONFIG = JSON.stringify({
  * @property {number} targetSizeBytes
  * @property {number} baseMode Permission bits, e.g. 0o644.
  * @property {number} targetMode
+ * @property {string|null} textDiffStatus With textDiffs: "text" | "binary" | "too_large" | "not_a_file"
+ *   | "unreadable"; null otherwise.
+ * @property {string} textDiff With status "text": the unified diff.
+ */
+
+/**
+ * @typedef {object} Plan
+ * @property {string} planId
+ * @property {string} workspaceRoot Empty for a plan with state only.
+ * @property {Date|null} createTime When the server first saw the plan.
+ * @property {Date|null} updateTime When its newest checkpoint was recorded.
+ * @property {number} checkpointCount
+ * @property {string} newestCheckpointId
+ * @property {number} totalSizeBytes What its checkpoints hold, before deduplication.
  */
 
 /**
@@ -278,6 +292,8 @@ class CheckpointdClient {
    * @param {string[]} [options.paths] Only these workspace-relative paths (and what is under them).
    * @param {Uint8Array[]} [options.rawPaths] More such paths as bytes, for names that are not UTF-8
    *   (a FileChange's rawPath).
+   * @param {boolean} [options.textDiffs] Also return each changed text file's unified diff
+   *   (`textDiff`, with `textDiffStatus` "text", "binary", "too_large", "not_a_file" or "unreadable").
    * @param {number} [options.deadlineMs]
    * @returns {Promise<FileChange[]>}
    */
@@ -287,6 +303,7 @@ class CheckpointdClient {
       targetCheckpointId: options.targetCheckpointId ?? '',
       paths: options.paths ?? [],
       rawPaths: (options.rawPaths ?? []).map((p) => Buffer.from(p)),
+      textDiffs: options.textDiffs ?? false,
     };
     const response = await this.unary(this.checkpoints, 'DiffCheckpoints', request, options);
     return response.changes.map((c) => this.toFileChange(c));
@@ -302,6 +319,8 @@ class CheckpointdClient {
    * @param {string[]} [options.paths] Restore only these workspace-relative paths.
    * @param {Uint8Array[]} [options.rawPaths] More such paths as bytes (see diffCheckpoints).
    * @param {boolean} [options.dryRun]
+   * @param {boolean} [options.allowNestedWorkspaces] Let the changes reach into another plan's
+   *   workspace; refused (NESTED_WORKSPACE) otherwise.
    * @param {Uint8Array} [options.currentState]
    * @param {string} [options.requestId] Idempotency key; a fresh UUID when omitted.
    * @param {number} [options.deadlineMs]
@@ -315,6 +334,7 @@ class CheckpointdClient {
       paths: options.paths ?? [],
       rawPaths: (options.rawPaths ?? []).map((p) => Buffer.from(p)),
       dryRun: options.dryRun ?? false,
+      allowNestedWorkspaces: options.allowNestedWorkspaces ?? false,
       currentState: options.currentState ? Buffer.from(options.currentState) : Buffer.alloc(0),
       requestId: options.requestId ?? randomUUID(),
     };
@@ -324,7 +344,67 @@ class CheckpointdClient {
       state: response.state,
       safetyCheckpoint: response.safetyCheckpoint ? this.toCheckpoint(response.safetyCheckpoint) : null,
       dryRun: response.dryRun,
+      nestedWorkspaces: response.nestedWorkspaces,
     };
+  }
+
+  /**
+   * One page of the plans the server knows, newest plan id first.
+   * @param {object} [options]
+   * @param {number} [options.pageSize] 50 when omitted, at most 1000.
+   * @param {string} [options.pageToken]
+   * @param {string} [options.filter] AIP-160: `workspace_root = "/dir"`, `workspace_root : "/dir"`
+   *   (at or under), `update_time > "2026-01-31T00:00:00Z"` (also <, <=, >=), joined by AND.
+   * @param {number} [options.deadlineMs]
+   * @returns {Promise<{plans: Plan[], nextPageToken: string}>}
+   */
+  async listPlans(options = {}) {
+    const request = { pageSize: options.pageSize ?? 0, pageToken: options.pageToken ?? '', filter: options.filter ?? '' };
+    const response = await this.unary(this.checkpoints, 'ListPlans', request, options);
+    return { plans: response.plans.map((p) => this.toPlan(p)), nextPageToken: response.nextPageToken };
+  }
+
+  /**
+   * Every plan matching the filter, fetching pages as needed.
+   * @param {{pageSize?: number, filter?: string, deadlineMs?: number}} [options]
+   * @returns {AsyncGenerator<Plan>}
+   */
+  async *iteratePlans(options = {}) {
+    let pageToken = '';
+    do {
+      const page = await this.listPlans({ ...options, pageToken });
+      yield* page.plans;
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+  }
+
+  /**
+   * One plan: its workspace, checkpoint count, newest checkpoint and total size.
+   * @param {string} planId
+   * @param {CallOptions} [options]
+   * @returns {Promise<Plan>}
+   */
+  async getPlan(planId, options = {}) {
+    const response = await this.unary(this.checkpoints, 'GetPlan', { planId }, options);
+    return this.toPlan(response.plan);
+  }
+
+  /**
+   * A file's content as it was in a checkpoint (a symlink's: its target text), in one Buffer.
+   * @param {string} checkpointId
+   * @param {string} filePath Workspace-relative.
+   * @param {CallOptions} [options]
+   * @returns {Promise<Buffer>}
+   */
+  readFile(checkpointId, filePath, options = {}) {
+    const deadline = Date.now() + checkDeadline(options.deadlineMs ?? Math.max(this.deadlineMs, 600_000));
+    const call = this.checkpoints.ReadCheckpointFile({ checkpointId, path: filePath }, this.metadata(), { deadline });
+    return new Promise((resolve, reject) => {
+      const chunks = [];
+      call.on('data', (response) => chunks.push(response.data));
+      call.on('error', (error) => reject(fromServiceError(error, 'ReadCheckpointFile')));
+      call.on('end', () => resolve(Buffer.concat(chunks)));
+    });
   }
 
   /**
@@ -402,9 +482,18 @@ class CheckpointdClient {
     };
   }
 
+  toPlan(plan) {
+    return {
+      ...plan,
+      createTime: timestampToDate(plan.createTime),
+      updateTime: timestampToDate(plan.updateTime),
+    };
+  }
+
   toFileChange(change) {
     return {
       ...change,
+      textDiffStatus: this.vocabulary.fromWire('TextDiffStatus', change.textDiffStatus),
       kind: this.vocabulary.fromWire('ChangeKind', change.kind),
       baseType: this.vocabulary.fromWire('EntryType', change.baseType),
       targetType: this.vocabulary.fromWire('EntryType', change.targetType),

@@ -224,3 +224,40 @@ for (const transport of ['tcp', 'unix']) {
     });
   });
 }
+
+describe('plans, file contents and text diffs', () => {
+  let client;
+  before(() => {
+    client = new CheckpointdClient(server.tcpTarget);
+  });
+  after(() => client.close());
+
+  test('listPlans and getPlan find a plan by its workspace', async () => {
+    const workspace = server.newWorkspace();
+    write(workspace, 'a.txt', 'one\n');
+    const planId = newUlid();
+    const first = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+    const plan = await client.getPlan(planId);
+    assert.equal(plan.workspaceRoot, workspace);
+    assert.equal(plan.checkpointCount, 1);
+    assert.equal(plan.newestCheckpointId, first.checkpointId);
+    assert.ok(plan.updateTime instanceof Date);
+    const found = [];
+    for await (const p of client.iteratePlans({ filter: `workspace_root = "${workspace}"`, pageSize: 1 })) found.push(p.planId);
+    assert.deepEqual(found, [planId]);
+    await assert.rejects(client.getPlan(newUlid()), (error) => error.reason === 'PLAN_NOT_FOUND');
+  });
+
+  test('readFile returns the bytes as they were; a text diff shows the lines', async () => {
+    const workspace = server.newWorkspace();
+    write(workspace, 'a.txt', 'one\ntwo\n');
+    const planId = newUlid();
+    const base = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+    write(workspace, 'a.txt', 'one\n2\n');
+    assert.equal((await client.readFile(base.checkpointId, 'a.txt')).toString(), 'one\ntwo\n');
+    await assert.rejects(client.readFile(base.checkpointId, 'missing'), (error) => error.reason === 'PATH_NOT_FOUND');
+    const [change] = await client.diffCheckpoints(base.checkpointId, { textDiffs: true });
+    assert.equal(change.textDiffStatus, 'text');
+    assert.equal(change.textDiff, '--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n');
+  });
+});

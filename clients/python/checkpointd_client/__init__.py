@@ -10,6 +10,7 @@ from checkpointd_client.client import (
     ConfigEntry,
     ConfigWatch,
     FileChange,
+    Plan,
     RollbackResponse,
     from_value,
     new_request_id,
@@ -36,6 +37,7 @@ from checkpointd_client.interceptors import (
     ToolCheckpoints,
     declares_read_only,
 )
+from checkpointd_client.patches import format_patch
 from checkpointd_client.policy import (
     CheckpointConfigWatcher,
     CheckpointSettings,
@@ -65,6 +67,7 @@ __all__ = [
     "ExecutePhase",
     "ExecutorCheckpointInterceptor",
     "FileChange",
+    "Plan",
     "FixedSettings",
     "InvalidConfigValueError",
     "OnUnavailable",
@@ -79,6 +82,7 @@ __all__ = [
     "UnknownTriggerError",
     "declares_read_only",
     "default_target",
+    "format_patch",
     "from_value",
     "new_plan_id",
     "new_request_id",

@@ -29,12 +29,15 @@ DEFAULT_DEADLINE_S = 5.0
 # A WatchConfig stream is re-opened when this deadline ends; the first messages re-sync the values.
 DEFAULT_WATCH_DEADLINE_S = 300.0
 RETRY_MAX_ATTEMPTS = 4
+#: Deadline of a whole ReadCheckpointFile or ExportCheckpoint stream (a large tree takes a while).
+DEFAULT_STREAM_DEADLINE_S = 600.0
 RECONNECT_BACKOFF_MS = (100, 1000)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 Checkpoint = checkpoint_service_pb2.Checkpoint
 FileChange = checkpoint_service_pb2.FileChange
 RollbackResponse = checkpoint_service_pb2.RollbackResponse
+Plan = checkpoint_service_pb2.Plan
 RollbackScope = checkpoint_service_pb2.RollbackScope.ValueType
 ConfigEntry = config_service_pb2.ConfigEntry
 
@@ -141,6 +144,16 @@ class _RpcCaller:
         except grpc.RpcError as error:
             raise CheckpointdRpcError.from_grpc(name, error) from None
 
+    def stream(
+        self, name: str, method: Callable[..., Iterable[_Response]], request: object, timeout: float | None
+    ) -> Iterator[_Response]:
+        """A server stream's messages; its deadline covers the whole stream."""
+        try:
+            yield from method(request, timeout=timeout or max(self.deadline_s, DEFAULT_STREAM_DEADLINE_S),
+                              metadata=self.metadata)
+        except grpc.RpcError as error:
+            raise CheckpointdRpcError.from_grpc(name, error) from None
+
 
 class CheckpointClient:
     """CheckpointService calls returning the proto messages of the contract."""
@@ -244,16 +257,19 @@ class CheckpointClient:
         target_checkpoint_id: str = "",
         *,
         paths: Sequence[str | bytes] = (),
+        text_diffs: bool = False,
         timeout: float | None = None,
     ) -> list[FileChange]:
         """Paths that differ; an empty target means the plan's live workspace. A path given as
-        bytes may be one that is not valid UTF-8 (a `FileChange.raw_path`)."""
+        bytes may be one that is not valid UTF-8 (a `FileChange.raw_path`). `text_diffs=True`
+        adds each changed text file's unified diff (`FileChange.text_diff`; see `format_patch`)."""
         text_paths, raw_paths = _split_paths(paths)
         request = checkpoint_service_pb2.DiffCheckpointsRequest(
             base_checkpoint_id=base_checkpoint_id,
             target_checkpoint_id=target_checkpoint_id,
             paths=text_paths,
             raw_paths=raw_paths,
+            text_diffs=text_diffs,
         )
         return list(self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout).changes)
 
@@ -266,11 +282,14 @@ class CheckpointClient:
         paths: Sequence[str | bytes] = (),
         dry_run: bool = False,
         current_state: bytes = b"",
+        allow_nested_workspaces: bool = False,
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> RollbackResponse:
         """Restore files and/or state; the server records a safety checkpoint first. `paths`
-        limits the files restored; one given as bytes may be a name that is not valid UTF-8."""
+        limits the files restored; one given as bytes may be a name that is not valid UTF-8.
+        A rollback that would change files inside another plan's workspace is refused
+        (NESTED_WORKSPACE) unless `allow_nested_workspaces=True`."""
         text_paths, raw_paths = _split_paths(paths)
         request = checkpoint_service_pb2.RollbackRequest(
             plan_id=plan_id,
@@ -280,9 +299,48 @@ class CheckpointClient:
             raw_paths=raw_paths,
             dry_run=dry_run,
             current_state=current_state,
+            allow_nested_workspaces=allow_nested_workspaces,
             request_id=request_id or new_request_id(),
         )
         return self._rpc.unary("Rollback", self._stub.Rollback, request, timeout)
+
+    def list_plans(self, *, filter_expr: str = "", page_size: int = 0, timeout: float | None = None) -> list[Plan]:
+        """Every plan matching the AIP-160 filter (all pages), newest plan id first. Filter fields:
+        `workspace_root = "/dir"`, `workspace_root : "/dir"` (at or under) and `update_time > "RFC 3339"`."""
+        plans: list[Plan] = []
+        page_token = ""
+        while True:
+            request = checkpoint_service_pb2.ListPlansRequest(
+                page_size=page_size, page_token=page_token, filter=filter_expr
+            )
+            response = self._rpc.unary("ListPlans", self._stub.ListPlans, request, timeout)
+            plans.extend(response.plans)
+            page_token = response.next_page_token
+            if not page_token:
+                return plans
+
+    def get_plan(self, plan_id: str, *, timeout: float | None = None) -> Plan:
+        """One plan, with its checkpoint count, newest checkpoint and total size."""
+        request = checkpoint_service_pb2.GetPlanRequest(plan_id=plan_id)
+        return self._rpc.unary("GetPlan", self._stub.GetPlan, request, timeout).plan
+
+    def read_file(self, checkpoint_id: str, path: str | bytes, *, timeout: float | None = None) -> Iterator[bytes]:
+        """A file's content as it was in a checkpoint (a symlink's: its target text), in chunks.
+        Errors (no such path, a directory) are raised by the first `next()`."""
+        text_paths, raw_paths = _split_paths([path])
+        request = checkpoint_service_pb2.ReadCheckpointFileRequest(
+            checkpoint_id=checkpoint_id, path=text_paths[0] if text_paths else "",
+            raw_path=raw_paths[0] if raw_paths else b""
+        )
+        for response in self._rpc.stream("ReadCheckpointFile", self._stub.ReadCheckpointFile, request, timeout):
+            if response.data:
+                yield response.data
+
+    def export_checkpoint(self, checkpoint_id: str, *, timeout: float | None = None) -> Iterator[bytes]:
+        """A checkpoint's whole tree as the successive bytes of a (pax) tar archive."""
+        request = checkpoint_service_pb2.ExportCheckpointRequest(checkpoint_id=checkpoint_id)
+        for response in self._rpc.stream("ExportCheckpoint", self._stub.ExportCheckpoint, request, timeout):
+            yield response.data
 
 
 def _split_paths(paths: Sequence[str | bytes]) -> tuple[list[str], list[bytes]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from typing import TypeVar
 
@@ -14,7 +14,9 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
 from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.contents import Contents
 from checkpointd.core.engine.pending_writes import PendingWrite
+from checkpointd.core.engine.plans import Plans
 from checkpointd.core.engine.requests import CreateRequest, RollbackRequest, Scope
 
 T = TypeVar("T")
@@ -23,6 +25,8 @@ T = TypeVar("T")
 class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def __init__(self, checkpoints: Checkpoints) -> None:
         self.checkpoints = checkpoints
+        self.plans = Plans(checkpoints.db, checkpoints.page_tokens)
+        self.contents = Contents(checkpoints.db, checkpoints.store, checkpoints.trees)
 
     def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
         created = self.checkpoints.create(_create_request(request))
@@ -44,7 +48,9 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
         changes = self.checkpoints.diff(request.base_checkpoint_id, request.target_checkpoint_id,
                                         convert.request_paths(request.paths, request.raw_paths))
-        return pb.DiffCheckpointsResponse(changes=[convert.change(c) for c in changes])
+        texts = (self.contents.text_diffs(request.base_checkpoint_id, request.target_checkpoint_id, changes)
+                 if request.text_diffs else {})
+        return pb.DiffCheckpointsResponse(changes=[convert.change(c, texts.get(c.path)) for c in changes])
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
         scope = convert.from_proto_enum(convert.SCOPES, request.scope, "scope") or Scope.FILES_AND_STATE
@@ -56,9 +62,11 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             dry_run=request.dry_run,
             request_id=request.request_id,
             current_state=request.current_state,
+            allow_nested_workspaces=request.allow_nested_workspaces,
         ))
         response = pb.RollbackResponse(changes=[convert.change(c) for c in result.changes], state=result.state,
-                                       dry_run=result.dry_run)
+                                       dry_run=result.dry_run,
+                                       nested_workspaces=[convert.nested_workspace(n) for n in result.nested])
         if result.safety is not None:
             response.safety_checkpoint.CopyFrom(convert.checkpoint(result.safety))
         return response
@@ -77,6 +85,53 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             pb.PendingWrite(task_id=w.task_id, index=w.index, channel=w.channel, value_type=w.value_type,
                             value=w.value, task_path=w.task_path)
             for w in self.checkpoints.pending_writes(request.checkpoint_id)])
+
+    def ListPlans(self, request: pb.ListPlansRequest, context: grpc.ServicerContext):
+        found, token = self.plans.list(request.page_size, request.page_token, request.filter)
+        return pb.ListPlansResponse(plans=[convert.plan(p) for p in found], next_page_token=token)
+
+    def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext):
+        return pb.GetPlanResponse(plan=convert.plan(self.plans.get(request.plan_id)))
+
+    def _file_chunks(self, request: pb.ReadCheckpointFileRequest) -> Iterator[pb.ReadCheckpointFileResponse]:
+        """Looks the file up at once (errors fail the call); the chunks come as iterated."""
+        path = convert.request_paths((), (request.raw_path,))[0] if request.raw_path else request.path
+        entry, chunks = self.contents.open_file(request.checkpoint_id, path)
+        first = pb.ReadCheckpointFileResponse(entry_type=convert.ENTRY_TYPES[entry.kind], size_bytes=entry.size,
+                                              mode=entry.mode)
+
+        def stream() -> Iterator[pb.ReadCheckpointFileResponse]:
+            first.data = next(chunks, b"")
+            yield first
+            for chunk in chunks:
+                yield pb.ReadCheckpointFileResponse(data=chunk)
+
+        return stream()
+
+    def _archive_chunks(self, request: pb.ExportCheckpointRequest) -> Iterator[pb.ExportCheckpointResponse]:
+        archive = self.contents.export(request.checkpoint_id)
+        return (pb.ExportCheckpointResponse(data=chunk) for chunk in _coalesce(archive))
+
+    def ReadCheckpointFile(self, request: pb.ReadCheckpointFileRequest, context: grpc.ServicerContext):
+        yield from self._file_chunks(request)
+
+    def ExportCheckpoint(self, request: pb.ExportCheckpointRequest, context: grpc.ServicerContext):
+        yield from self._archive_chunks(request)
+
+
+def _coalesce(pieces: Iterator[bytes], size: int = 64 * 1024) -> Iterator[bytes]:
+    """Small pieces (tar headers, padding) joined into messages of up to ``size`` bytes."""
+    pending = bytearray()
+    for piece in pieces:
+        if len(pending) + len(piece) > size and pending:
+            yield bytes(pending)
+            pending.clear()
+        pending += piece
+        while len(pending) >= size:
+            yield bytes(pending[:size])
+            del pending[:size]
+    if pending:
+        yield bytes(pending)
 
 
 class AsyncCheckpointServicer(CheckpointServicer):
@@ -124,6 +179,20 @@ class AsyncCheckpointServicer(CheckpointServicer):
     async def Rollback(self, request: pb.RollbackRequest, context: grpc.aio.ServicerContext):
         return await self._for_plan(super().Rollback, request, context, plan_id=request.plan_id)
 
+    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+        """Yields ``make()``'s items, each read in ``executor``: no thread waits on a slow reader."""
+        items = await self._in_thread(make)
+        done = object()
+        while (item := await self._in_thread(next, items, done)) is not done:
+            yield item
+
+    async def ReadCheckpointFile(self, request: pb.ReadCheckpointFileRequest, context: grpc.aio.ServicerContext):
+        async for response in self._stream(lambda: self._file_chunks(request)):
+            yield response
+
+    async def ExportCheckpoint(self, request: pb.ExportCheckpointRequest, context: grpc.aio.ServicerContext):
+        async for response in self._stream(lambda: self._archive_chunks(request)):
+            yield response
     async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
         # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
         return await self._in_thread(super().DeleteCheckpoints, request, context)

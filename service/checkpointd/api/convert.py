@@ -15,6 +15,9 @@ from checkpoint.v1 import admin_service_pb2 as admin_pb
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpointd.core.config.registry import Effective, Source
+from checkpointd.core.engine.contents import TextDiff
+from checkpointd.core.engine.nesting import NestedWorkspace
+from checkpointd.core.engine.plans import PlanSummary
 from checkpointd.core.engine.requests import Checkpoint, Scope
 from checkpointd.core.kernel.errors import InvalidArgument, Reason
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
@@ -129,7 +132,7 @@ def _side(entry: Entry | None) -> tuple[int, int, int]:
     return ENTRY_TYPES[entry.kind], entry.size if entry.kind is not EntryKind.DIR else 0, entry.mode
 
 
-def change(c: Change) -> pb.FileChange:
+def change(c: Change, text_diff: TextDiff | None = None) -> pb.FileChange:
     base_type, base_size, base_mode = _side(c.base)
     target_type, target_size, target_mode = _side(c.target)
     if c.base is None:
@@ -140,9 +143,25 @@ def change(c: Change) -> pb.FileChange:
         kind = pb.CHANGE_KIND_TYPE_CHANGED
     else:
         kind = pb.CHANGE_KIND_MODIFIED
-    return pb.FileChange(path=text(c.path), raw_path=raw_path(c.path), kind=kind, base_type=base_type,
-                         target_type=target_type, base_size_bytes=base_size, target_size_bytes=target_size,
-                         base_mode=base_mode, target_mode=target_mode)
+    message = pb.FileChange(path=text(c.path), raw_path=raw_path(c.path), kind=kind, base_type=base_type,
+                            target_type=target_type, base_size_bytes=base_size, target_size_bytes=target_size,
+                            base_mode=base_mode, target_mode=target_mode)
+    if text_diff is not None:
+        message.text_diff_status = pb.TextDiffStatus.Value(f"TEXT_DIFF_STATUS_{text_diff.status}")
+        message.text_diff = text_diff.text
+    return message
+
+
+def nested_workspace(nested: NestedWorkspace) -> pb.NestedWorkspace:
+    return pb.NestedWorkspace(plan_id=nested.plan_id, workspace_root=text(nested.workspace_root),
+                              change_count=nested.change_count)
+
+
+def plan(summary: PlanSummary) -> pb.Plan:
+    return pb.Plan(plan_id=summary.plan_id, workspace_root=text(summary.workspace_root or ""),
+                   create_time=timestamp(summary.create_time), update_time=timestamp(summary.update_time),
+                   checkpoint_count=summary.checkpoint_count, newest_checkpoint_id=summary.newest_checkpoint_id,
+                   total_size_bytes=summary.total_size_bytes)
 
 
 def value_to_python(value: struct_pb2.Value, key: str) -> Any:

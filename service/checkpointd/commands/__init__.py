@@ -132,6 +132,11 @@ def register_commands(commands) -> None:
     diff.add_argument("target_id", metavar="TARGET_ID", nargs="?", default="",
                       help="default: the plan's live workspace")
     diff.add_argument("--path", action="append", default=[], metavar="PATH", help="only these paths (repeatable)")
+    diff.add_argument("-p", "--patch", action="store_true",
+                      help="show each changed text file's lines as a unified diff (binary files and files over "
+                           "1 MiB are named, not shown)")
+    diff.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                      help="colour the -p output: auto (on a terminal, unless NO_COLOR is set), always or never")
 
     rollback = _client_command(commands, "rollback", "roll a plan back to a checkpoint (shows the dry run first)",
                                "checkpoints", "rollback", LONG_TIMEOUT_S)
@@ -144,6 +149,9 @@ def register_commands(commands) -> None:
     rollback.add_argument("--state-out", type=Path, default=None, metavar="FILE",
                           help="write the restored plan state here (scopes state, files_and_state)")
     rollback.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    rollback.add_argument("--allow-nested", action="store_true",
+                          help="let the rollback change files inside another plan's workspace (nested in this "
+                               "plan's, or containing it); refused otherwise")
 
     create = _client_command(commands, "create", "record a manual checkpoint now", "checkpoints", "create",
                              LONG_TIMEOUT_S)
@@ -155,6 +163,31 @@ def register_commands(commands) -> None:
     create.add_argument("--pin", action="store_true", help="label it pinned=true: retention never prunes it")
     create.add_argument("--description", default="")
     create.add_argument("--state-file", type=Path, default=None, metavar="FILE", help="plan state to record")
+
+    plans = _client_command(commands, "plans", "list the plans the server knows, newest plan id first", "plans",
+                            "plans")
+    plans.add_argument("--under", type=local_directory, default=None, metavar="DIR",
+                       help="only plans whose workspace is DIR or lies under it (a relative DIR is resolved here)")
+    plans.add_argument("--filter", default="", metavar="EXPR",
+                       help='AIP-160 filter: workspace_root = "/dir", workspace_root : "/dir" (at or under), '
+                            'update_time > "2026-01-31T00:00:00Z" (also <, <=, >=), joined by AND')
+    plan = commands.add_parser("plan", help="show one plan", description="Show one plan.")
+    plan_verbs = plan.add_subparsers(dest="plan_command", required=True, metavar="VERB")
+    plan_show = _client_command(plan_verbs, "show", "show a plan: its workspace, checkpoint count, newest "
+                                                    "checkpoint and size", "plans", "plan_show")
+    plan_show.add_argument("plan_id", metavar="PLAN_ID")
+
+    cat = _client_command(commands, "cat", "print a file as it was in a checkpoint", "contents", "cat",
+                          LONG_TIMEOUT_S)
+    cat.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    cat.add_argument("path", metavar="PATH", help="workspace-relative path of the file (a symlink prints its target)")
+
+    export = _client_command(commands, "export", "write a checkpoint's files as a tar archive", "contents", "export",
+                             LONG_TIMEOUT_S)
+    export.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    export.add_argument("--output", "-o", required=True, metavar="FILE",
+                        help="the archive to write ('-' for stdout); an existing file is refused unless --force")
+    export.add_argument("--force", action="store_true", help="replace --output if it exists")
 
     delete = _client_command(commands, "delete", "delete a checkpoint", "checkpoints", "delete")
     delete.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd.commands import render
 from checkpointd.commands.connection import connect
 from checkpointd.commands.failures import on_interrupt, reports_errors
+from checkpointd_client import format_patch
 
 _SCOPES = {
     "files": pb.ROLLBACK_SCOPE_FILES,
@@ -83,10 +85,24 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _use_color(choice: str) -> bool:
+    if choice != "auto":
+        return choice == "always"
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 @reports_errors
 def diff(args: argparse.Namespace) -> int:
     with connect(args) as conn:
-        changes = conn.checkpoints().diff_checkpoints(args.base_id, args.target_id, paths=args.path)
+        changes = conn.checkpoints().diff_checkpoints(args.base_id, args.target_id, paths=args.path,
+                                                      text_diffs=args.patch)
+    if args.patch and not args.json:
+        if not changes:
+            render.err.print(f"no changes between {args.base_id} and {args.target_id or 'the live workspace'}",
+                             highlight=False)
+        sys.stdout.write(format_patch(changes, color=_use_color(args.color)))
+        sys.stdout.flush()
+        return 0
     if args.json:
         render.emit_json([render.message_dict(c) for c in changes])
         return 0
@@ -109,7 +125,8 @@ def rollback(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         client = conn.checkpoints()
         with progress(f"Computing what a rollback of plan {args.plan_id} to {args.checkpoint_id} would change"):
-            preview = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path, dry_run=True)
+            preview = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path, dry_run=True,
+                                      allow_nested_workspaces=args.allow_nested)
         if not args.json:
             render.print_changes(f"rollback to {args.checkpoint_id} would make", list(preview.changes))
             if args.scope != "files" and preview.state:
@@ -125,12 +142,16 @@ def rollback(args: argparse.Namespace) -> int:
                           f"it from its journal), so it may have happened; `checkpointd ls {args.plan_id}` shows "
                           "its safety checkpoint if it did"), \
                 progress("Rolling back (a safety checkpoint is recorded first)"):
-            applied = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path)
+            applied = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path,
+                                      allow_nested_workspaces=args.allow_nested)
     if args.state_out is not None and args.scope != "files":
         args.state_out.write_bytes(applied.state)
     if args.json:
         render.emit_json(_rollback_json(preview, applied))
         return 0
+    for nested in applied.nested_workspaces:
+        render.out.print(f"changed {nested.change_count} path(s) in the workspace of plan {nested.plan_id} "
+                         f"({nested.workspace_root}), as --allow-nested allowed", highlight=False, markup=False)
     render.out.print(f"rolled back: {render.change_summary(list(applied.changes))}. Safety checkpoint "
                      f"{applied.safety_checkpoint.checkpoint_id} holds what was there before "
                      f"(checkpointd rollback {args.plan_id} {applied.safety_checkpoint.checkpoint_id} undoes this)",

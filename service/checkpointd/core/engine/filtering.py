@@ -133,3 +133,30 @@ class PageTokens:
                 return sequence
         raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
                               "page_token was not issued by this service for this plan_id and filter")
+
+    def issue_after(self, scope: str, filter_text: str, key: str) -> str:
+        """A token to continue after ``key`` (an ASCII string such as a plan id), for lists
+        that page by a string key rather than by a checkpoint sequence."""
+        body = bytes([_KEY_TOKEN_VERSION]) + key.encode("ascii")
+        return base64.urlsafe_b64encode(body + self._mac(scope, filter_text, body)).decode().rstrip("=")
+
+    def check_after(self, token: str, scope: str, filter_text: str) -> str | None:
+        """The key to continue after, or None for the first page (no token)."""
+        if not token:
+            return None
+        if len(token) <= _MAX_KEY_TOKEN and re.fullmatch(r"[A-Za-z0-9_-]+", token):
+            try:
+                raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            except ValueError:
+                raw = b""
+            body, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
+            if len(body) > 1 and body[0] == _KEY_TOKEN_VERSION and hmac.compare_digest(
+                    mac, self._mac(scope, filter_text, body)):
+                return body[1:].decode("ascii")
+        raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
+                              "page_token was not issued by this service for this request's filter")
+
+
+_KEY_TOKEN_VERSION = 2
+#: Longest key token accepted: a 128-character key, its version byte and MAC, in base64.
+_MAX_KEY_TOKEN = (1 + 128 + _MAC_BYTES) * 4 // 3 + 4

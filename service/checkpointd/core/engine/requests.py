@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkpointd.core.engine.nesting import NestedWorkspace
 from checkpointd.core.engine.records import CheckpointRecord
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
 from checkpointd.core.metadata.models import CheckpointRow
@@ -49,6 +50,8 @@ class RollbackRequest:
     dry_run: bool = False
     request_id: str = ""
     current_state: bytes = b""
+    #: Let the changes reach into another plan's workspace (see ``nesting``).
+    allow_nested_workspaces: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class RollbackResult:
     state: bytes
     safety: Checkpoint | None
     dry_run: bool
+    #: Other plans' workspaces the changes reach into (allowed by the request).
+    nested: list[NestedWorkspace] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

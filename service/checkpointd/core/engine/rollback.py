@@ -12,6 +12,7 @@ from sqlmodel import Session
 
 from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.idempotency import fingerprint, forget_rollback, record_operation, replayed
+from checkpointd.core.engine.nesting import nested_workspaces, refusal
 from checkpointd.core.engine.parts import EngineParts, path_subset
 from checkpointd.core.engine.records import NewCheckpoint, new_row, write_checkpoints
 from checkpointd.core.engine.recovery import Recovery
@@ -60,6 +61,8 @@ class Rollbacks:
         request_fingerprint = fingerprint(plan=plan_id, checkpoint=checkpoint_id, scope=req.scope.value,
                                           paths=subset, dry_run=req.dry_run,
                                           state=hashlib.sha256(req.current_state).hexdigest())
+        if req.allow_nested_workspaces:  # folded in only when set: request_ids recorded before it keep matching
+            request_fingerprint = fingerprint(rollback=request_fingerprint, allow_nested_workspaces=True)
         with self.parts.registry.lock(plan_id), self.parts.store.referencing():
             leftover = self.recovery.take_over(plan_id)
             with self.parts.db.session() as session:
@@ -93,9 +96,12 @@ class Rollbacks:
             capture, patterns, excluded = parts.capture(plan, batch) if plan.workspace_root else (None, [], [])
             if capture is not None and restore_files:
                 changes = plan_restore(parts, plan.workspace_root, capture, target, subset, batch)
+            nested = nested_workspaces(session, parts.trees, plan_id, plan.workspace_root, changes)
+            if nested and not req.allow_nested_workspaces:
+                raise refusal(plan_id, nested)  # the batch is dropped on the way out
             if req.dry_run:
                 batch.abort()
-                return RollbackResult(changes, parts.state(target) if req.scope.state else b"", None, True)
+                return RollbackResult(changes, parts.state(target) if req.scope.state else b"", None, True, nested)
             state_digest, state_size = safety_state(session, plan_id, req.current_state, batch)
         seen = seen_by_capture(parts, plan.workspace_root, changes)
         crash_point(Point.ROLLBACK_PLANNED)
@@ -131,7 +137,8 @@ class Rollbacks:
         crash_point(Point.ROLLBACK_SAFETY_COMMITTED)
         if entry is not None:
             self._apply_journaled(entry, changes, seen)
-        return RollbackResult(changes, parts.state(target) if req.scope.state else b"", Checkpoint(safety), False)
+        return RollbackResult(changes, parts.state(target) if req.scope.state else b"", Checkpoint(safety), False,
+                              nested)
 
     def _apply_journaled(self, entry: JournalEntry, changes: list[Change], seen: dict[str, Indexed]) -> None:
         """Applies ``changes`` (their journal entry is committed); on failure undoes them and raises."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, ForeignKey, LargeBinary, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, ForeignKey, Index, LargeBinary, String, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -20,6 +20,9 @@ def _time_column(**kwargs: Any) -> Any:
 
 class PlanRow(SQLModel, table=True):
     __tablename__ = "plans"
+    #: Finds the plans whose workspaces nest (equality only: a hash index on PostgreSQL, which takes
+    #: keys of any length).
+    __table_args__ = (Index("ix_plans_workspace_root", "workspace_root", postgresql_using="hash"),)
 
     plan_id: str = Field(primary_key=True, max_length=26)
     workspace_root: str | None = Field(default=None, max_length=4096)

@@ -1,0 +1,189 @@
+"""What a checkpoint holds, byte for byte: one file (ReadCheckpointFile), the whole tree as a
+tar archive (ExportCheckpoint), and unified text diffs of changed files (DiffCheckpoints with
+text_diffs).
+
+Reads stream in chunks of at most ``CHUNK`` bytes: a file is never held whole in memory, except
+one stored packed (small by construction). The tar archive is written member by member, its
+headers by ``tarfile`` and its content straight from the store, so a large file is not
+buffered either.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tarfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from checkpointd.core.kernel import validation
+from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, NotFound, Reason
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.models import CheckpointRow, PlanRow
+from checkpointd.core.store.content_store import ContentStore, digest_bytes
+from checkpointd.core.store.tree import Change, Entry, EntryKind, Trees
+from checkpointd.core.workspace.workspace import Workspace, validate_relpath
+
+CHUNK = 64 * 1024
+#: A side larger than this gets no text diff (TOO_LARGE).
+MAX_TEXT_DIFF_SIDE = 1 << 20
+#: Text diffs of one response stop (TOO_LARGE) once they reach this many characters in total.
+MAX_TEXT_DIFF_TOTAL = 2 << 20
+#: A side with more lines than this gets no text diff (TOO_LARGE): difflib's cost grows with the
+#: product of the two sides' lines in the worst case (a shuffled file of 200,000 short repeated
+#: lines took 34 s of CPU); at 20,000 lines the worst seen was about 1 s.
+MAX_TEXT_DIFF_LINES = 20_000
+#: Once the diffs of one response have taken this long, the remaining files get TOO_LARGE: a
+#: workspace's content never holds a server thread for long.
+MAX_TEXT_DIFF_SECONDS = 5.0
+_BLOCK = tarfile.BLOCKSIZE
+
+
+class TextDiffStatus:
+    TEXT = "TEXT"
+    BINARY = "BINARY"
+    TOO_LARGE = "TOO_LARGE"
+    NOT_A_FILE = "NOT_A_FILE"
+    UNREADABLE = "UNREADABLE"
+
+
+@dataclass(frozen=True)
+class TextDiff:
+    status: str
+    text: str = ""
+
+
+def rechunk(chunks: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
+    """The same bytes in pieces of at most ``size``."""
+    for chunk in chunks:
+        for start in range(0, len(chunk), size):
+            yield chunk[start:start + size]
+
+
+class Contents:
+    def __init__(self, db: Database, store: ContentStore, trees: Trees) -> None:
+        self.db = db
+        self.store = store
+        self.trees = trees
+
+    def _files_of(self, checkpoint_id: str) -> CheckpointRow:
+        checkpoint_id = validation.checkpoint_id(checkpoint_id)
+        with self.db.session() as session:
+            row = session.get(CheckpointRow, checkpoint_id)
+        if row is None:
+            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} not found",
+                           checkpoint_id=checkpoint_id)
+        if not row.tree_digest:
+            raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {checkpoint_id} has no files (state only)",
+                                     checkpoint_id=checkpoint_id)
+        return row
+
+    def open_file(self, checkpoint_id: str, path: str) -> tuple[Entry, Iterator[bytes]]:
+        """The entry at ``path`` and its content in chunks (a symlink's: its link text). Every
+        error is raised here, before the first chunk; the chunks verify the content's digest."""
+        path = validate_relpath(path.rstrip("/"), "path")
+        row = self._files_of(checkpoint_id)
+        entry = self.trees.lookup(row.tree_digest, path)
+        if entry is None:
+            raise NotFound(Reason.PATH_NOT_FOUND, f"checkpoint {row.checkpoint_id} has no {path!r}",
+                           checkpoint_id=row.checkpoint_id, path=path)
+        if entry.kind is EntryKind.DIR:
+            raise FailedPrecondition(Reason.NOT_A_FILE, f"{path!r} is a directory in checkpoint {row.checkpoint_id}; "
+                                                        "export the checkpoint to get a tree",
+                                     checkpoint_id=row.checkpoint_id, path=path)
+        if entry.kind is EntryKind.SYMLINK:
+            return entry, iter((entry.target.encode("utf-8", "surrogateescape"),))
+        return entry, self._content(entry)
+
+    def _content(self, entry: Entry) -> Iterator[bytes]:
+        sent = 0
+        for chunk in rechunk(self.store.iter_chunks(entry.digest)):
+            sent += len(chunk)
+            yield chunk
+        if sent != entry.size:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {entry.digest} holds {sent} bytes, not {entry.size}",
+                           digest=entry.digest)
+
+    def export(self, checkpoint_id: str) -> Iterator[bytes]:
+        """The checkpoint's tree as a pax tar archive; the checkpoint is looked up before the
+        first chunk (so that a bad id fails the call, not the stream)."""
+        row = self._files_of(checkpoint_id)
+        return self._archive(row)
+
+    def _archive(self, row: CheckpointRow) -> Iterator[bytes]:
+        mtime = int(row.create_time.timestamp())
+        for path, entry in self.trees.flatten(row.tree_digest):
+            info = tarfile.TarInfo(path)
+            info.mode = entry.mode & 0o7777
+            info.mtime = mtime
+            if entry.kind is EntryKind.DIR:
+                info.type = tarfile.DIRTYPE
+            elif entry.kind is EntryKind.SYMLINK:
+                info.type = tarfile.SYMTYPE
+                info.linkname = entry.target
+            else:
+                info.size = entry.size
+            yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            if entry.kind is EntryKind.FILE:
+                yield from self._content(entry)
+                if entry.size % _BLOCK:
+                    yield b"\0" * (_BLOCK - entry.size % _BLOCK)
+        yield b"\0" * (2 * _BLOCK)
+
+    def text_diffs(self, base_id: str, target_id: str, changes: list[Change]) -> dict[str, TextDiff]:
+        """A text diff (or why there is none) for each change, by path. The target side is read
+        from the live workspace when ``target_id`` is empty; a live file that no longer has the
+        content the diff saw is UNREADABLE."""
+        with self.db.session() as session:
+            base = session.get(CheckpointRow, base_id)
+            plan = session.get(PlanRow, base.plan_id) if base is not None and not target_id else None
+        live = Workspace(plan.workspace_root) if plan is not None and plan.workspace_root else None
+        budget = MAX_TEXT_DIFF_TOTAL
+        give_up_at = time.monotonic() + MAX_TEXT_DIFF_SECONDS
+        diffs = {}
+        for change in changes:
+            if time.monotonic() > give_up_at:
+                budget = 0
+            result = self._text_diff(change, live if not target_id else None, budget)
+            budget -= len(result.text)
+            diffs[change.path] = result
+        return diffs
+
+    def _text_diff(self, change: Change, live: Workspace | None, budget: int) -> TextDiff:
+        sides = [change.base, change.target]
+        files = [e for e in sides if e is not None and e.kind is EntryKind.FILE]
+        if not files:
+            return TextDiff(TextDiffStatus.NOT_A_FILE)
+        if any(e.size > MAX_TEXT_DIFF_SIDE for e in files) or budget <= 0:
+            return TextDiff(TextDiffStatus.TOO_LARGE)
+        contents = []
+        for index, entry in enumerate(sides):
+            if entry is None or entry.kind is not EntryKind.FILE:
+                contents.append(b"")
+                continue
+            if index == 1 and live is not None:
+                data = live.read_small(change.path, MAX_TEXT_DIFF_SIDE)
+                if data is None or digest_bytes(data) != entry.digest:
+                    return TextDiff(TextDiffStatus.UNREADABLE)
+            else:
+                data = self.store.read_bytes(entry.digest)
+            contents.append(data)
+        texts = []
+        for data in contents:
+            if b"\0" in data:
+                return TextDiff(TextDiffStatus.BINARY)
+            try:
+                texts.append(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                return TextDiff(TextDiffStatus.BINARY)
+        sides_lines = [text.splitlines(keepends=True) for text in texts]
+        if any(len(lines) > MAX_TEXT_DIFF_LINES for lines in sides_lines):
+            return TextDiff(TextDiffStatus.TOO_LARGE)
+        name = change.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        old = f"a/{name}" if change.base is not None and change.base.kind is EntryKind.FILE else "/dev/null"
+        new = f"b/{name}" if change.target is not None and change.target.kind is EntryKind.FILE else "/dev/null"
+        lines = difflib.unified_diff(sides_lines[0], sides_lines[1], old, new)
+        text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+        if len(text) > budget:
+            return TextDiff(TextDiffStatus.TOO_LARGE)
+        return TextDiff(TextDiffStatus.TEXT, text)

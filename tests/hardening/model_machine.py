@@ -1,0 +1,564 @@
+"""The state machine of the model-based test (tests/hardening/test_model.py says how it runs and
+how a failure is replayed). ``Calls`` drives the servers through kills and pauses;
+``ModelMachine`` holds the model and the rules."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from tests.hardening import model_workspace as ws
+from tests.hardening.model_cluster import Cluster
+from tests.hardening.support import GONE
+from tests.helpers import error_info
+
+ENTRY_TYPES = {pb.ENTRY_TYPE_FILE: "file", pb.ENTRY_TYPE_SYMLINK: "symlink", pb.ENTRY_TYPE_DIRECTORY: "dir",
+               pb.ENTRY_TYPE_UNSPECIFIED: ""}
+#: Codes no call may ever get: a bug, whatever the input.
+NEVER = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+@dataclass
+class Ack:
+    """An acknowledged checkpoint: what it must hold, and how it was made."""
+
+    tree: ws.Tree
+    rules: ws.Rules
+    sequence: int
+    state: bytes | None
+    pinned: bool = False
+    safety: bool = False
+
+
+def reported(changes) -> dict[str, ws.ChangeRow]:
+    return {c.path: (pb.ChangeKind.Name(c.kind).removeprefix("CHANGE_KIND_"), ENTRY_TYPES[c.base_type],
+                     ENTRY_TYPES[c.target_type], c.base_size_bytes, c.target_size_bytes, c.base_mode, c.target_mode)
+            for c in changes}
+
+
+def mismatch(got: dict, want: dict) -> str:
+    keys = sorted(k for k in got.keys() | want.keys() if got.get(k) != want.get(k))
+    return "\n".join(f"  {k}: got {str(got.get(k))[:160]} want {str(want.get(k))[:160]}" for k in keys[:20])
+
+
+class Race:
+    """A tool that writes into the workspace while a rollback is paused before its first change."""
+
+    def __init__(self, root: Path, seed: int) -> None:
+        self.root = root
+        self.rng = random.Random(seed)
+        self.path: str | None = None
+        self.node: ws.Node | None = None
+
+    def __call__(self) -> None:
+        tree = ws.read_tree(self.root)
+        files = sorted(p for p, n in tree.items() if n[0] == "file")
+        how = self.rng.choice(["rewrite", "same-size-same-mtime", "create"])
+        if how != "create" and files:
+            self.path = self.rng.choice(files)
+            if how == "rewrite":
+                ws.write_file(self.root, self.path, b"written while the rollback ran %d" % self.rng.getrandbits(32))
+            else:
+                ws.rewrite_same_size_same_mtime(self.root, self.path)
+        else:
+            dirs = [""] + sorted(p + "/" for p, n in tree.items() if n[0] == "dir")
+            self.path = f"{self.rng.choice(dirs)}raced-{self.rng.getrandbits(16)}.txt"
+            ws.write_file(self.root, self.path, b"created while the rollback ran")
+        self.node = ws.read_tree(self.root).get(self.path)
+
+
+class Calls:
+    """Every call of a machine goes through ``call``: INTERNAL and UNKNOWN fail the test; a server
+    killed by an armed fault is restarted (on PostgreSQL the call is first retried on the other
+    replica, then the killed one restarts) and the call retried with its request_id; a server
+    paused at an armed point runs the rollback's ``race`` in the pause, then resumes."""
+
+    cluster: Cluster
+
+    def __init__(self) -> None:
+        self.replica = 0
+        self.kills = 0
+        self.log: list[str] = []
+
+    def call(self, method: str, request, race: Race | None = None):
+        pending_restart: list[int] = []
+        try:
+            while True:
+                index = self.replica
+                began = time.monotonic()
+                try:
+                    return self._invoke(index, method, request, race)
+                except grpc.RpcError as error:
+                    assert error.code() not in NEVER, f"{method} answered {error.code()}: {error.details()}"
+                    if error.code() in GONE and not self.cluster.alive(index):
+                        # A race not run yet stays armed, unless the restart recovers a rollback.
+                        race_again = method != "Rollback" and "CHECKPOINTD_PAUSE_AT" in self.cluster.armed[index]
+                        assert self.cluster.died_of_kill(index)
+                        self.kills += 1
+                        self.cluster.stats["kills at armed points"] += 1
+                        self.log.append(f"killed server {index} during {method} ({self.cluster.armed[index]})")
+                        if self.cluster.replicated:
+                            pending_restart.append((index, race_again))
+                            self.replica = 1 - index
+                        else:
+                            self.cluster.start(index, race=race_again)
+                        continue
+                    raise
+                finally:
+                    self.cluster.stats[f"calls {method}"] += 1
+                    self.cluster.stats[f"seconds in {method}"] += time.monotonic() - began
+        finally:
+            for index, race_again in pending_restart:
+                self.cluster.start(index, race=race_again)
+
+    def _invoke(self, index: int, method: str, request, race: Race | None):
+        function = getattr(self.cluster.stub(index), method)
+        armed = self.cluster.armed[index]
+        if "CHECKPOINTD_PAUSE_AT" not in armed:
+            return function(request, timeout=120)
+        outcome: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                outcome["reply"] = function(request, timeout=120)
+            except grpc.RpcError as error:
+                outcome["error"] = error
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        handshake = self.cluster.handshake
+        point = armed["CHECKPOINTD_PAUSE_AT"].rsplit(":", 1)[0]
+        while worker.is_alive():
+            if (handshake / f"paused.{point}").exists():
+                if race is not None and method == "Rollback":
+                    race()
+                    self.cluster.stats["writes racing a rollback"] += 1
+                    self.log.append(f"raced {race.path} during a rollback")
+                (handshake / f"resume.{point}").touch()
+                worker.join(timeout=120)
+                self.cluster.armed[index].pop("CHECKPOINTD_PAUSE_AT", None)
+                for leftover in handshake.iterdir():
+                    leftover.unlink()
+            worker.join(timeout=0.01)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["reply"]
+
+    def wait_healthy(self) -> None:
+        for index in range(len(self.cluster.servers)):
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    assert self.cluster.healthy(index), f"server {index} is not SERVING"
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, f"server {index} does not answer health"
+                    time.sleep(0.1)
+
+
+def choose(data, choices: list):
+    """One of ``choices``: drawn by hypothesis (``data``) or by a seeded random.Random."""
+    if isinstance(data, random.Random):
+        return data.choice(choices)
+    return data.draw(st.sampled_from(choices))
+
+
+def conflict_reason(error: grpc.RpcError) -> str:
+    if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return ""
+    return error_info(error).reason
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+import uuid  # noqa: E402
+
+from google.protobuf import struct_pb2  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
+from ulid import ULID  # noqa: E402
+
+from checkpoint.v1 import config_service_pb2 as config_pb  # noqa: E402
+
+seeds = st.integers(0, 2**16)
+
+def random_edit(rng: random.Random) -> tuple:
+    """One workspace edit: the name of a ModelMachine method (less its underscore) and its arguments."""
+    path = lambda: rng.choice(ws.ALL_PATHS)  # noqa: E731
+    content = lambda: random.Random(rng.randrange(2**16)).randbytes(  # noqa: E731
+        rng.choice([0, 1, 100, 3000, 20_000, ws.BIG_FILE_SIZE]))
+    return rng.choice([
+        lambda: ("write", path(), content(), rng.choice(ws.FILE_MODES)),
+        lambda: ("append", path(), content()),
+        lambda: ("same_size_same_mtime", path()),
+        lambda: ("delete", path()),
+        lambda: ("rename", path(), path()),
+        lambda: ("mkdir", path(), rng.choice(ws.DIR_MODES)),
+        lambda: ("chmod", path(), rng.choice(ws.FILE_MODES), rng.choice(ws.DIR_MODES)),
+        lambda: ("symlink", path(), rng.choice(ws.LINK_TARGETS)),
+        lambda: ("hard_link_inside", path(), path()),
+        lambda: ("hard_link_outside", path(), content()),
+        lambda: ("flip_type", path()),
+        lambda: ("gitignore", rng.choice(ws.GITIGNORES)),
+    ])()
+
+
+CRASH_POINTS = ("create.captured:1", "create.committed:1", "rollback.planned:1", "rollback.safety_committed:1",
+                "restore.change:1", "restore.change:2", "workspace.write:1", "rollback.applied:1")
+#: Kill points no rollback reaches before its first change (where the race is armed).
+AFTER_THE_RACE = ("create.captured:1", "create.committed:1", "restore.change:2", "workspace.write:2",
+                  "rollback.applied:1")
+#: How often random_steps takes each rule.
+STEP_WEIGHTS = {"edit": 6, "create": 3, "rollback": 3, "diff_live": 1, "delete_checkpoint": 1, "set_retention": 0.5,
+                "collect": 0.6, "restart": 0.3}
+COMPACTION_CRASHES = ("", "compact.copied:1", "compact.synced:1")
+
+
+class ModelMachine(Calls, RuleBasedStateMachine):
+    """One plan, one workspace; rules edit it and call the service; the model is ``acked``."""
+
+    #: Server (re)starts one example may cost: restarts, armed faults, offline collections.
+    restart_budget = 2
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        Calls.__init__(self)
+        self.root = self.cluster.new_workspace()
+        self.outside = self.cluster.base / f"outside-{self.root.name}"
+        self.outside.mkdir()
+        self.plan_id = str(ULID())
+        self.acked: dict[str, Ack] = {}
+        self.retention = 0
+        self.collected = False
+        self.restarts = 0
+        self.call("CreateCheckpoint", pb.CreateCheckpointRequest(plan_id=self.plan_id, state=b"first"))
+        self.set_config("core.snapshot.max_file_size_bytes", struct_pb2.Value(number_value=ws.MAX_FILE_SIZE))
+
+    def set_config(self, key: str, value: struct_pb2.Value) -> None:
+        self.cluster.config(self.replica).SetConfig(
+            config_pb.SetConfigRequest(key=key, value=value, plan_id=self.plan_id), timeout=30)
+
+    def restarts_left(self) -> bool:
+        return self.restarts < self.restart_budget
+
+    def disk(self) -> ws.Tree:
+        return ws.read_tree(self.root)
+
+    # -- workspace edits --------------------------------------------------------------------
+
+    def edit(self, edits):
+        """One to four edits of the workspace (see ``random_edit``)."""
+        for name, *arguments in edits:
+            getattr(self, f"_{name}")(*arguments)
+
+    def _write(self, path, content, mode):
+        ws.write_file(self.root, path, content, mode)
+
+    def _append(self, path, content):
+        ws.append(self.root, path, content[:500] or b"+")
+
+    def _same_size_same_mtime(self, path):
+        ws.rewrite_same_size_same_mtime(self.root, path)
+
+    def _delete(self, path):
+        ws.remove(self.root / path)
+
+    def _rename(self, source, destination):
+        ws.rename(self.root, source, destination)
+
+    def _mkdir(self, path, mode):
+        ws.make_dir(self.root, path, mode)
+
+    def _chmod(self, path, file_mode, dir_mode):
+        ws.chmod(self.root, path, file_mode, dir_mode)
+
+    def _symlink(self, path, link_text):
+        ws.symlink(self.root, path, link_text)
+
+    def _hard_link_inside(self, source, path):
+        ws.hard_link(self.root, self.root / source, path)
+
+    def _hard_link_outside(self, path, content):
+        """A file outside the workspace gains a name inside it (or, if it has one, is written
+        through its outside name: no event reaches a watcher of the workspace)."""
+        outside = self.outside / path.replace("/", "_")
+        if outside.exists() and outside.stat().st_nlink > 1:
+            with open(outside, "r+b") as f:
+                f.truncate(0)
+                f.write(content[:5000] or b"written outside")
+        else:
+            outside.write_bytes(content[:5000])
+            ws.hard_link(self.root, outside, path)
+
+    def _flip_type(self, path):
+        ws.flip_type(self.root, path)
+
+    def _gitignore(self, text):
+        ws.write_file(self.root, ".gitignore", text)
+
+    # -- the service ------------------------------------------------------------------------
+
+    def create(self, pinned, state):
+        request = pb.CreateCheckpointRequest(plan_id=self.plan_id, workspace_root=str(self.root),
+                                             state=b"state %d" % state, request_id=str(uuid.uuid4()),
+                                             labels={"pinned": "true"} if pinned else {})
+        disk = self.disk()
+        checkpoint = self.call("CreateCheckpoint", request).checkpoint
+        assert self.disk() == disk
+        rules = ws.Rules.of(disk)
+        want_skipped = {p for p in disk if rules.oversized(p, disk) and not rules.ignored(p, disk)}
+        assert {s.path for s in checkpoint.skipped_files} == want_skipped, checkpoint.skipped_files
+        self.acked[checkpoint.checkpoint_id] = Ack(ws.capture(disk), rules, checkpoint.sequence, request.state, pinned)
+
+    def diff_live(self, data):
+        base = self.pick(data)
+        changes = self.call("DiffCheckpoints", pb.DiffCheckpointsRequest(base_checkpoint_id=base)).changes
+        want = ws.diff(self.acked[base].tree, ws.capture(self.disk()))
+        assert reported(changes) == want, f"diff of {base} against the live workspace:\n" + mismatch(
+            reported(changes), want)
+
+    def delete_checkpoint(self, data):
+        doomed = self.pick(data)
+        try:
+            self.call("DeleteCheckpoint", pb.DeleteCheckpointRequest(checkpoint_id=doomed))
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error  # a retry after a kill
+        del self.acked[doomed]
+
+    def set_retention(self, keep):
+        self.retention = keep
+        self.set_config("core.retention.max_checkpoints_per_plan", struct_pb2.Value(number_value=keep))
+
+    def collect(self, crash_at):
+        """Retention and garbage collection (once per example: it restarts the single server)."""
+        self.collected = True
+        self.restarts += 1
+        self.cluster.gc(crash_at if not self.cluster.replicated else "")
+        self.wait_healthy()
+        self.check_retention()
+
+    def restart(self, kill, crash_at):
+        """Restarts a server (after a kill -9, or a SIGTERM) with the next rollback's first change
+        paused (a tool writes meanwhile) and, if ``crash_at``, a kill -9 armed at that point (the
+        call that reaches it is retried with its request_id)."""
+        self.restarts += 1
+        index = self.next_victim()
+        if kill:
+            self.cluster.servers[index].kill()
+        faults = {"CHECKPOINTD_CRASH_AT": crash_at} if crash_at else {}
+        self.cluster.start(index, race=crash_at in ("", *AFTER_THE_RACE), **faults)
+
+    @initialize(crash_at=st.sampled_from(AFTER_THE_RACE))
+    def arm(self, crash_at):
+        """Every example starts with a server restarted with a race and a kill -9 armed."""
+        self.cluster.start(self.next_victim(), CHECKPOINTD_CRASH_AT=crash_at)
+        for number, path in enumerate(("x.txt", "a/y.log", "a/b/z", "build/keep.log")):
+            ws.write_file(self.root, path, b"first version of %d\n" % number)
+
+    def pick(self, data, *, regular: bool = False) -> str:
+        """An acknowledged checkpoint (one is created first if there is none)."""
+        choices = sorted(c for c, a in self.acked.items() if not (regular and a.safety))
+        if not choices:
+            self.create(pinned=False, state=0)
+            return self.pick(data, regular=regular)
+        return choose(data, choices)
+
+    def next_victim(self) -> int:
+        """The server that is restarted next; replicas take turns, and calls go to it."""
+        if self.cluster.replicated:
+            self.replica = 1 - self.replica
+        return self.replica
+
+    def rollback(self, data, how, race):
+        target_id = self.pick(data)
+        target = self.acked[target_id]
+        before = self.disk()
+        top = None
+        if how == "scoped":
+            tops = sorted({p.split("/")[0] for p in before.keys() | target.tree.keys()})
+            if not tops:
+                return
+            top = choose(data, tops)
+        self.roll_back(target_id, before, top, dry_run=how == "dry-run", race=Race(self.root, race))
+
+    def roll_back(self, target_id: str, before: ws.Tree, top: str | None, dry_run: bool = False,
+                  race: Race | None = None) -> None:
+        target = self.acked[target_id]
+        expected = ws.expect_rollback(before, target.tree, target.rules, top)
+        request = pb.RollbackRequest(plan_id=self.plan_id, checkpoint_id=target_id, dry_run=dry_run,
+                                     paths=[top] if top else [], request_id="" if dry_run else str(uuid.uuid4()))
+        killed_before = self.kills
+        try:
+            reply = self.call("Rollback", request, race=race)
+        except grpc.RpcError as error:
+            assert conflict_reason(error) == "ROLLBACK_CONFLICT", f"{error.code()} {error.details()}"
+            raced = race is not None and race.path is not None
+            assert expected.may_conflict or raced, f"unexpected conflict: {error.details()}"
+            want = dict(before)
+            if raced:
+                want[race.path] = race.node
+                for parent in ws.parents(race.path):
+                    want.setdefault(parent, self.disk()[parent])
+            assert self.disk() == want, "a refused rollback changed the workspace:\n" + mismatch(self.disk(), want)
+            self.cluster.stats["rollbacks refused (ROLLBACK_CONFLICT)"] += 1
+            return
+        after = self.disk()
+        if dry_run:
+            assert after == before, "a dry run changed the workspace:\n" + mismatch(after, before)
+            assert {c.path for c in reply.changes} <= expected.changes | set(expected.safety), reply.changes
+            return
+        if target.state is not None:
+            assert reply.state == target.state
+        want = dict(expected.after)
+        if race is not None and race.path is not None:
+            if after.get(race.path) != race.node:
+                self.held_by_a_recovery_checkpoint(race, target_id, killed_before)
+            for path in [race.path, *ws.parents(race.path)]:
+                want.pop(path, None)
+                after = {p: n for p, n in after.items() if p != path}
+            after = {p: n for p, n in after.items() if not ws.inside(p, race.path)}
+        safety = reply.safety_checkpoint
+        # Paths today's rules leave out that the target lacks are left alone, except where the
+        # rollback captures them into its safety checkpoint first and then removes them: allowed,
+        # as long as that checkpoint holds them (nothing is lost).
+        taken = {p for p in want.keys() - after.keys() if p not in target.tree and p in before}
+        if taken:
+            candidates = [safety.checkpoint_id] + ([c.checkpoint_id for c in self.list_checkpoints()
+                                                    if c.phase == pb.PHASE_ROLLBACK_SAFETY and c.checkpoint_id
+                                                    not in self.acked and c.checkpoint_id != safety.checkpoint_id]
+                                                   if self.kills > killed_before else [])
+            held: dict[str, ws.ChangeRow] = {}
+            for candidate in candidates:
+                for path, row in reported(self.call("DiffCheckpoints", pb.DiffCheckpointsRequest(
+                        base_checkpoint_id=target_id, target_checkpoint_id=candidate)).changes).items():
+                    held.setdefault(path, row)
+            for path in taken:
+                node = before[path]
+                assert path in held and held[path][2] == node[0] and (node[0] == "dir" or held[path][4] == len(
+                    node[1])), f"rollback to {target_id} removed {path}, which no checkpoint holds: {held.get(path)}"
+                want.pop(path)
+            if self.kills == killed_before:
+                expected.safety.update({path: before[path] for path in taken})
+            self.cluster.stats["left-out paths a rollback took into its safety checkpoint"] += 1
+        assert after == want, (f"rollback to {target_id} (scope {top}, captured under {target.rules}, before it "
+                               f"{ {p: before.get(p) for p in sorted(after.keys() ^ want.keys())} }) is not exact:\n"
+                               + mismatch(after, want))
+        self.cluster.stats["rollbacks checked byte for byte"] += 1
+        self.acked[safety.checkpoint_id] = Ack(expected.safety, ws.Rules.of(before), safety.sequence, None,
+                                               safety=True)
+
+    @rule(seed=seeds)
+    def random_steps(self, seed):
+        """Eight steps chosen by a seeded random.Random, weighted towards edits, checkpoints and
+        rollbacks (hypothesis's own choice of rules repeats one rule for long stretches when it
+        runs few examples), each followed by the invariants."""
+        rng = random.Random(seed)
+        for _ in range(8):
+            name = rng.choices(list(STEP_WEIGHTS), weights=list(STEP_WEIGHTS.values()))[0]
+            if name == "collect" and not (self.restarts_left() and not self.collected):
+                name = "create"
+            if name == "restart" and not self.restarts_left():
+                name = "edit"
+            arguments = {
+                "edit": lambda: {"edits": [random_edit(rng) for _ in range(rng.randint(1, 4))]},
+                "create": lambda: {"pinned": rng.random() < 0.2, "state": rng.randrange(2**16)},
+                "diff_live": lambda: {"data": rng},
+                "delete_checkpoint": lambda: {"data": rng},
+                "set_retention": lambda: {"keep": rng.choice([0, 1, 2, 4])},
+                "collect": lambda: {"crash_at": rng.choice(COMPACTION_CRASHES)},
+                "restart": lambda: {"kill": rng.random() < 0.5, "crash_at": rng.choice(("",) + CRASH_POINTS)},
+                "rollback": lambda: {"data": rng, "how": rng.choice(["full", "full", "scoped", "dry-run"]),
+                                     "race": rng.randrange(2**16)},
+            }[name]()
+            self.log.append(f"{name}({', '.join(f'{k}={v!r}'[:200] for k, v in arguments.items() if k != 'data')})")
+            try:
+                getattr(self, name)(**arguments)
+                self.every_acknowledged_checkpoint_holds_its_model(integrity=False)
+            except AssertionError as failure:
+                steps = "\n  ".join(self.log[-12:])
+                raise AssertionError(f"{failure}\nafter these steps (random_steps(seed={seed})):\n  {steps}") from None
+
+    def held_by_a_recovery_checkpoint(self, race: Race, target_id: str, killed_before: int) -> None:
+        """A raced write that a rollback replaced is lost unless the rollback was killed and its
+        recovery, finding the workspace changed since the safety checkpoint, recorded it first in
+        a safety checkpoint of its own (which the client never heard of)."""
+        assert self.kills > killed_before, f"the write racing the rollback at {race.path} was lost"
+        size, mode = len(race.node[1]), race.node[2]
+        for checkpoint in self.list_checkpoints():
+            if checkpoint.phase != pb.PHASE_ROLLBACK_SAFETY or checkpoint.checkpoint_id in self.acked:
+                continue
+            changes = self.call("DiffCheckpoints", pb.DiffCheckpointsRequest(
+                base_checkpoint_id=target_id, target_checkpoint_id=checkpoint.checkpoint_id)).changes
+            if any(c.path == race.path and c.target_type == pb.ENTRY_TYPE_FILE and c.target_size_bytes == size
+                   and c.target_mode == mode for c in changes):
+                self.cluster.stats["raced writes kept by a recovery's safety checkpoint"] += 1
+                return
+        raise AssertionError(f"the write racing the rollback at {race.path} is neither on disk nor in a checkpoint")
+
+    # -- invariants -------------------------------------------------------------------------
+
+    @invariant()
+    def every_acknowledged_checkpoint_holds_its_model(self, integrity: bool = True):
+        """Health, every acknowledged checkpoint diffed against the newest one (compared with the
+        model's diff of the two trees) and, after each rule (every eight steps of random_steps:
+        it reads the whole store), fsck through AdminService/CheckIntegrity."""
+        began = time.monotonic()
+        self.wait_healthy()
+        if integrity:
+            report = self.cluster.integrity(self.replica)
+            assert report.ok and not report.unfinished_rollback_plan_ids, report
+        if not self.acked:
+            return
+        anchor = max(self.acked, key=lambda c: self.acked[c].sequence)
+        for checkpoint_id, ack in self.acked.items():
+            if checkpoint_id == anchor:
+                continue
+            changes = self.call("DiffCheckpoints", pb.DiffCheckpointsRequest(
+                base_checkpoint_id=checkpoint_id, target_checkpoint_id=anchor)).changes
+            want = ws.diff(ack.tree, self.acked[anchor].tree)
+            assert reported(changes) == want, f"{checkpoint_id} against {anchor}:\n" + mismatch(reported(changes), want)
+        self.cluster.stats["seconds checking invariants"] += time.monotonic() - began
+
+    def check_retention(self) -> None:
+        """Acknowledged checkpoints gone after a collection were pruned by the plan's rule: never
+        a pinned one, a safety one or the newest; at most ``retention`` unpinned regular ones left."""
+        listed = {c.checkpoint_id: c for c in self.list_checkpoints()}
+        regular = [c for c in listed.values() if c.phase != pb.PHASE_ROLLBACK_SAFETY]
+        for checkpoint_id in [c for c in self.acked if c not in listed]:
+            ack = self.acked.pop(checkpoint_id)
+            assert self.retention and not ack.pinned and not ack.safety, f"{checkpoint_id} was lost: {ack}"
+            self.cluster.stats["acknowledged checkpoints pruned by retention"] += 1
+            assert regular and ack.sequence < max(c.sequence for c in regular)
+        if self.retention:
+            unpinned = [c for c in regular if c.labels.get("pinned") != "true"]
+            assert len(unpinned) <= self.retention, [c.sequence for c in unpinned]
+
+    def list_checkpoints(self) -> list[pb.Checkpoint]:
+        found, token = [], ""
+        while True:
+            reply = self.call("ListCheckpoints", pb.ListCheckpointsRequest(
+                plan_id=self.plan_id, page_size=1000, page_token=token))
+            found.extend(reply.checkpoints)
+            token = reply.next_page_token
+            if not token:
+                return found
+
+    def teardown(self):
+        """A collection (if the example had none), then every acknowledged checkpoint restores
+        byte for byte (a full rollback to each)."""
+        try:
+            if not self.collected:
+                self.collect(crash_at="")
+            for checkpoint_id in sorted(self.acked, key=lambda c: self.acked[c].sequence):
+                if checkpoint_id in self.acked:
+                    self.roll_back(checkpoint_id, self.disk(), None, race=Race(self.root, len(self.acked)))
+        finally:
+            for index in range(len(self.cluster.servers)):
+                if not self.cluster.alive(index):
+                    self.cluster.start(index, race=False)
