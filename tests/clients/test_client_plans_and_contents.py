@@ -53,6 +53,28 @@ def test_read_file_streams_and_reports_errors_on_first_read(checkpointd: Checkpo
         assert caught.value.reason == reason
 
 
+def test_list_files_pages_through_names_raw_paths_and_reports_errors(checkpointd: Checkpointd, workspace: Path,
+                                                                     plan_id: str) -> None:
+    client = checkpointd.checkpoints
+    (workspace / "src" / "pkg").mkdir(parents=True)
+    for name in ("src/a.py", "src/pkg/mod.py", "src/z.txt", "README"):
+        (workspace / name).write_text(name)
+    os.mkdir(os.path.join(os.fsencode(workspace), b"d\xe9"))
+    with open(os.path.join(os.fsencode(workspace), b"d\xe9", b"f"), "wb") as f:
+        f.write(b"raw")
+    cp = client.create_checkpoint(plan_id, workspace_root=workspace)
+    files = client.list_files(cp.checkpoint_id, "src", recursive=True, page_size=2)
+    assert [f.path for f in files] == ["src/a.py", "src/pkg", "src/pkg/mod.py", "src/z.txt"]
+    assert [(f.path, f.entry_type) for f in client.list_files(cp.checkpoint_id)] == [
+        ("README", pb.ENTRY_TYPE_FILE), ("d\\xe9", pb.ENTRY_TYPE_DIRECTORY), ("src", pb.ENTRY_TYPE_DIRECTORY)]
+    for raw_name in (b"d\xe9", os.fsdecode(b"d\xe9")):
+        assert [f.raw_path for f in client.list_files(cp.checkpoint_id, raw_name)] == [b"d\xe9/f"]
+    for path, reason in (("README", "NOT_A_DIRECTORY"), ("nope", "PATH_NOT_FOUND"), ("../x", "INVALID_PATH")):
+        with pytest.raises(CheckpointdRpcError) as caught:
+            client.list_files(cp.checkpoint_id, path)
+        assert caught.value.reason == reason
+
+
 def test_export_checkpoint_is_a_tar_archive(checkpointd: Checkpointd, workspace: Path, plan_id: str) -> None:
     (workspace / "x.txt").write_text("x")
     cp = checkpointd.checkpoints.create_checkpoint(plan_id, workspace_root=workspace)

@@ -138,6 +138,9 @@ def test_every_checkpoint_rpc(checkpointd_server, transport, workspace, plan_id)
     read = call(checkpointd_server, transport, f"{service}/ReadCheckpointFile",
                 {"checkpoint_id": first["checkpoint_id"], "path": "notes.txt"})
     assert base64.b64decode(read["data"]) == b"one" and read["entry_type"] == "ENTRY_TYPE_FILE"
+    listed_files = call(checkpointd_server, transport, f"{service}/ListCheckpointFiles",
+                        {"checkpoint_id": first["checkpoint_id"], "recursive": True})
+    assert [(f["path"], f["entry_type"]) for f in listed_files["files"]] == [("notes.txt", "ENTRY_TYPE_FILE")]
     exported = call(checkpointd_server, transport, f"{service}/ExportCheckpoint",
                     {"checkpoint_id": first["checkpoint_id"]})
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(exported["data"]))) as tar:

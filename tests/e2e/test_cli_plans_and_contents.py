@@ -1,5 +1,5 @@
 """What a newcomer reaches for, as `checkpointd` commands against a live server: plans, plan show,
-cat, export, diff -p, and a rollback refused for a nested workspace. Expected failures are one line
+cat, ls-files, export, diff -p, and a rollback refused for a nested workspace. Expected failures are one line
 on stderr and exit status 1, never a traceback."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import tarfile
 import pytest
 from ulid import ULID
 
+from checkpoint.v1 import checkpoint_service_pb2 as pb
 from tests.ops.conftest import CHECKPOINTD, run_cli
 
 
@@ -70,6 +71,28 @@ def test_cat_prints_the_bytes_as_they_were(tcp, workspace, plan_id):
     assert "is a directory" in line
     line = _one_line_failure(run_cli("cat", cp["checkpoint_id"], "dir/missing.txt", *tcp))
     assert "has no 'dir/missing.txt'" in line
+
+
+def test_ls_files_lists_a_directory_as_it_was(tcp, workspace, plan_id, checkpoint_stub):
+    (workspace / "dir" / "sub").mkdir(parents=True)
+    (workspace / "dir" / "notes.txt").write_text("12345")
+    (workspace / "dir" / "sub" / "deep.txt").write_text("")
+    (workspace / "dir" / "link").symlink_to("notes.txt")
+    # Created over gRPC, not the CLI: each CLI run costs a process start.
+    cp = {"checkpoint_id": checkpoint_stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+        plan_id=plan_id, workspace_root=str(workspace))).checkpoint.checkpoint_id}
+    (workspace / "dir" / "later.txt").write_text("not in the checkpoint")
+    done = run_cli("ls-files", cp["checkpoint_id"], "dir", *tcp)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert [row[3] for row in rows] == ["dir/link", "dir/notes.txt", "dir/sub"]
+    assert rows[0][1:] == ["symlink", "9", "dir/link", "->", "notes.txt"]
+    assert rows[1][1:] == ["file", "5", "dir/notes.txt"] and rows[2][1] == "dir"
+    recursive = run_cli("ls-files", cp["checkpoint_id"], "-r", *tcp)
+    assert [line.split()[3] for line in recursive.stdout.splitlines()] == [
+        "dir", "dir/link", "dir/notes.txt", "dir/sub", "dir/sub/deep.txt"]
+    line = _one_line_failure(run_cli("ls-files", cp["checkpoint_id"], "dir/notes.txt", *tcp))
+    assert "not a directory" in line and "cat" in line
 
 
 def test_export_writes_a_tar_and_never_overwrites_unless_forced(tcp, workspace, plan_id, tmp_path):
@@ -143,3 +166,19 @@ def test_rollback_of_a_plan_containing_another_is_refused_in_one_line(tcp, works
     assert done.returncode == 0, done.stderr
     assert (workspace / "inner" / "f.txt").read_text() == "v1"
     assert inner in done.stdout
+
+
+@pytest.mark.parametrize("command", ["export", "cat"])
+def test_a_reader_that_stops_early_is_not_an_error(tcp, workspace, plan_id, command):
+    """`checkpointd export -o - | tar -t | head`, or `cat ... | head`: the pipe closes while the
+    command writes, which is what the reader asked for, so no error and exit status 0."""
+    (workspace / "big.bin").write_bytes(os.urandom(2 << 20))  # past any pipe buffer
+    cp = _create(tcp, plan_id, workspace)
+    args = ["-o", "-"] if command == "export" else ["big.bin"]
+    with subprocess.Popen([CHECKPOINTD, command, cp["checkpoint_id"], *args, *tcp], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as reader:
+        assert len(reader.stdout.read(100)) == 100
+        reader.stdout.close()
+        stderr = reader.stderr.read().decode()
+        assert reader.wait(timeout=120) == 0, stderr
+    assert stderr == ""

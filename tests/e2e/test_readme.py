@@ -5,6 +5,7 @@ starts one (tests.readme_blocks)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -64,6 +65,7 @@ def test_the_readme_contents_session_finds_the_plan_reads_diffs_and_exports(chec
     result = checkout.run_shell(readme_block("README.md", "cli-contents"))
     assert result.returncode == 0, result.stderr + result.stdout
     assert "1 plan(s)" in result.stdout
+    assert re.search(r"^0[0-7]{3} file +8 notes\.txt$", result.stdout, re.MULTILINE), "ls-files listed the file"
     assert "one\ntwo\n" in result.stdout, "cat printed the file as it was"
     assert "--- a/notes.txt\n+++ b/notes.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n" in result.stdout
     assert "notes.txt" in result.stdout.splitlines()[-1], "tar lists the exported file"

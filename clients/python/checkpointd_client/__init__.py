@@ -6,6 +6,7 @@ Uses only the generated checkpoint.v1 code, never the server package.
 from checkpointd_client.client import (
     Checkpoint,
     CheckpointClient,
+    CheckpointFile,
     ConfigClient,
     ConfigEntry,
     ConfigWatch,
@@ -66,6 +67,7 @@ __all__ = [
     "ConfigWatch",
     "ExecutePhase",
     "ExecutorCheckpointInterceptor",
+    "CheckpointFile",
     "FileChange",
     "Plan",
     "FixedSettings",

@@ -38,6 +38,7 @@ Checkpoint = checkpoint_service_pb2.Checkpoint
 FileChange = checkpoint_service_pb2.FileChange
 RollbackResponse = checkpoint_service_pb2.RollbackResponse
 Plan = checkpoint_service_pb2.Plan
+CheckpointFile = checkpoint_service_pb2.CheckpointFile
 RollbackScope = checkpoint_service_pb2.RollbackScope.ValueType
 ConfigEntry = config_service_pb2.ConfigEntry
 
@@ -335,6 +336,25 @@ class CheckpointClient:
         for response in self._rpc.stream("ReadCheckpointFile", self._stub.ReadCheckpointFile, request, timeout):
             if response.data:
                 yield response.data
+
+    def list_files(self, checkpoint_id: str, path: str | bytes = "", *, recursive: bool = False, page_size: int = 0,
+                   timeout: float | None = None) -> list[CheckpointFile]:
+        """Every entry (all pages) of a directory as it was in a checkpoint ("" = the workspace
+        root; with `recursive`, its whole subtree), a directory before what it holds."""
+        text_paths, raw_paths = _split_paths([path])
+        files: list[CheckpointFile] = []
+        page_token = ""
+        while True:
+            request = checkpoint_service_pb2.ListCheckpointFilesRequest(
+                checkpoint_id=checkpoint_id, path=text_paths[0] if text_paths else "",
+                raw_path=raw_paths[0] if raw_paths else b"", recursive=recursive, page_size=page_size,
+                page_token=page_token,
+            )
+            response = self._rpc.unary("ListCheckpointFiles", self._stub.ListCheckpointFiles, request, timeout)
+            files.extend(response.files)
+            page_token = response.next_page_token
+            if not page_token:
+                return files
 
     def export_checkpoint(self, checkpoint_id: str, *, timeout: float | None = None) -> Iterator[bytes]:
         """A checkpoint's whole tree as the successive bytes of a (pax) tar archive."""

@@ -26,7 +26,7 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def __init__(self, checkpoints: Checkpoints) -> None:
         self.checkpoints = checkpoints
         self.plans = Plans(checkpoints.db, checkpoints.page_tokens)
-        self.contents = Contents(checkpoints.db, checkpoints.store, checkpoints.trees)
+        self.contents = Contents(checkpoints.db, checkpoints.store, checkpoints.trees, checkpoints.page_tokens)
 
     def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: grpc.ServicerContext):
         created = self.checkpoints.create(_create_request(request))
@@ -111,6 +111,13 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
     def _archive_chunks(self, request: pb.ExportCheckpointRequest) -> Iterator[pb.ExportCheckpointResponse]:
         archive = self.contents.export(request.checkpoint_id)
         return (pb.ExportCheckpointResponse(data=chunk) for chunk in _coalesce(archive))
+
+    def ListCheckpointFiles(self, request: pb.ListCheckpointFilesRequest, context: grpc.ServicerContext):
+        path = convert.request_paths((), (request.raw_path,))[0] if request.raw_path else request.path
+        found, token = self.contents.list_files(request.checkpoint_id, path, request.recursive, request.page_size,
+                                                request.page_token)
+        return pb.ListCheckpointFilesResponse(files=[convert.checkpoint_file(p, e) for p, e in found],
+                                              next_page_token=token)
 
     def ReadCheckpointFile(self, request: pb.ReadCheckpointFileRequest, context: grpc.ServicerContext):
         yield from self._file_chunks(request)

@@ -152,6 +152,13 @@ def change(c: Change, text_diff: TextDiff | None = None) -> pb.FileChange:
     return message
 
 
+def checkpoint_file(path: str, entry: Entry) -> pb.CheckpointFile:
+    target = entry.target if entry.kind is EntryKind.SYMLINK else ""
+    return pb.CheckpointFile(path=text(path), raw_path=raw_path(path), entry_type=ENTRY_TYPES[entry.kind],
+                             size_bytes=entry.size if entry.kind is not EntryKind.DIR else 0, mode=entry.mode,
+                             symlink_target=text(target), raw_symlink_target=raw_path(target))
+
+
 def nested_workspace(nested: NestedWorkspace) -> pb.NestedWorkspace:
     return pb.NestedWorkspace(plan_id=nested.plan_id, workspace_root=text(nested.workspace_root),
                               change_count=nested.change_count)

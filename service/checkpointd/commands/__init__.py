@@ -182,6 +182,13 @@ def register_commands(commands) -> None:
     cat.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
     cat.add_argument("path", metavar="PATH", help="workspace-relative path of the file (a symlink prints its target)")
 
+    ls_files = _client_command(commands, "ls-files", "list a directory as it was in a checkpoint", "contents",
+                               "ls_files", LONG_TIMEOUT_S)
+    ls_files.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    ls_files.add_argument("path", metavar="PATH", nargs="?", default="",
+                          help="workspace-relative path of the directory (default: the workspace root)")
+    ls_files.add_argument("--recursive", "-r", action="store_true", help="list the whole subtree")
+
     export = _client_command(commands, "export", "write a checkpoint's files as a tar archive", "contents", "export",
                              LONG_TIMEOUT_S)
     export.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")

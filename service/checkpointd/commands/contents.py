@@ -1,4 +1,5 @@
-"""cat, export: a file, or a whole checkpoint as a tar archive, as it was in a checkpoint."""
+"""cat, ls-files, export: a file, a directory listing, or a whole checkpoint as a tar archive, as it was in a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from checkpointd.commands import render
@@ -14,18 +16,48 @@ from checkpointd.commands.connection import connect
 from checkpointd.commands.failures import reports_errors
 
 
+def _to_stdout(chunks: Iterable[bytes]) -> None:
+    """Writes the bytes as they are (no decoding); a reader that stops early (`| head`) is not an
+    error: the rest is not fetched, and stdout is pointed at /dev/null so that the interpreter's
+    own flush at exit does not fail again."""
+    out = sys.stdout.buffer
+    try:
+        for chunk in chunks:
+            out.write(chunk)
+        out.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 @reports_errors
 def cat(args: argparse.Namespace) -> int:
-    """Writes the bytes as they are (no decoding); a reader that stops early (`| head`) is not an error."""
-    out = sys.stdout.buffer
     with connect(args) as conn:
-        try:
-            for chunk in conn.checkpoints().read_file(args.checkpoint_id, args.path):
-                out.write(chunk)
-            out.flush()
-        except BrokenPipeError:
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _to_stdout(conn.checkpoints().read_file(args.checkpoint_id, args.path))
+    return 0
+
+
+@reports_errors
+def ls_files(args: argparse.Namespace) -> int:
+    """One `mode type size path` line per entry (a symlink's line ends `-> target`), plain text for
+    scripts; a reader that stops early (`| head`) is not an error."""
+    with connect(args) as conn:
+        files = conn.checkpoints().list_files(args.checkpoint_id, args.path, recursive=args.recursive,
+                                              timeout=args.timeout)
+    if args.json:
+        render.emit_json([render.message_dict(f) for f in files])
+        return 0
+    lines = []
+    for entry in files:
+        kind = render.entry_type_name(entry.entry_type)
+        line = f"{entry.mode:04o} {kind:<7} {entry.size_bytes:>10} {entry.path}"
+        lines.append(f"{line} -> {entry.symlink_target}" if entry.symlink_target else line)
+    try:
+        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
@@ -49,9 +81,7 @@ def export(args: argparse.Namespace) -> int:
             render.error("refusing to write a tar archive to a terminal: redirect it (> x.tar) or use --output FILE")
             return 1
         with connect(args) as conn:
-            for chunk in conn.checkpoints().export_checkpoint(args.checkpoint_id, timeout=args.timeout):
-                sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
+            _to_stdout(conn.checkpoints().export_checkpoint(args.checkpoint_id, timeout=args.timeout))
         return 0
     output = Path(args.output)
     refusal = _refusal(output, args.force)

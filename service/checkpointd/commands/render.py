@@ -121,6 +121,10 @@ def skipped_table(cp: pb.Checkpoint) -> Table:
     return table
 
 
+def entry_type_name(entry_type: int) -> str:
+    return _ENTRY_TYPE.get(entry_type, "")
+
+
 def _side(entry_type: int, size: int, mode: int) -> str:
     kind = _ENTRY_TYPE[entry_type]
     if not kind:

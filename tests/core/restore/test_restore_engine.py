@@ -311,3 +311,50 @@ def test_a_file_written_into_a_directory_the_rollback_removes_keeps_that_directo
     assert set(_listing(root)) == {"kept.txt", "newdir", "newdir/racing.txt"}
     assert (root / "kept.txt").read_text() == "v1"
     assert (root / "newdir" / "racing.txt").read_text() == "written during the rollback"
+
+
+class _Killed(BaseException):
+    """Stands for the process dying at a fault point: nothing in the engine handles it."""
+
+
+def test_an_interrupted_rollback_that_cannot_be_finished_keeps_every_checkpoint_of_its_plan(
+        plan: Plan, monkeypatch) -> None:
+    """A rollback interrupted mid-way leaves its journal entry; until whoever takes the plan next
+    finishes it, deleting its target or its safety checkpoint (by DeleteCheckpoint, DeleteCheckpoints
+    or retention) would leave the workspace half-applied with no record of what it was. Such a
+    deletion is refused while the rollback cannot be finished, and goes ahead once it was."""
+    from checkpointd.core.errors import RollbackUnfinished
+
+    for name in ("a", "b", "c"):
+        (plan.root / name).write_text(f"target {name}")
+    target = plan.checkpoint()
+    for name in ("a", "b", "c"):
+        (plan.root / name).write_text(f"later {name}")
+    newest = plan.checkpoint()
+    expected = _listing(plan.root)
+    calls = []
+
+    def interrupted(point: Point) -> None:
+        calls.append(point)
+        if point is Point.RESTORE_CHANGE and len(calls) == 2:
+            raise _Killed  # the rollback dies after changing one path
+
+    monkeypatch.setattr(restore_module, "crash_point", interrupted)
+    with pytest.raises(_Killed):
+        plan.rollback(target)
+
+    def unwritable(point: Point) -> None:
+        raise OSError(5, "Input/output error")  # the workspace cannot be written for now
+
+    monkeypatch.setattr(restore_module, "crash_point", unwritable)
+    for deletion in (lambda: plan.engine.delete(target), lambda: plan.engine.delete(newest),
+                     lambda: plan.engine.delete_matching(plan.plan_id, "")):
+        with pytest.raises(RollbackUnfinished) as refused:
+            deletion()
+        assert refused.value.reason is Reason.ROLLBACK_CONFLICT
+    assert plan.engine.count(plan.plan_id) >= 3  # target, newest and the rollback's safety checkpoint
+
+    monkeypatch.undo()
+    plan.engine.delete(newest)  # the rollback is finished first, then the deletion goes ahead
+    assert _listing(plan.root) == {name: ("file", value[1], f"target {name}".encode())
+                                   for name, value in expected.items()}

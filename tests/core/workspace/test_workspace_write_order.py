@@ -247,3 +247,35 @@ def test_a_batch_whose_syncfs_fails_is_synced_file_by_file(
     for path in ("a.txt", "b.txt", "sub/new.txt"):
         st = (ws / path).stat()
         assert (st.st_ino, st.st_size) in synced
+
+
+def test_a_batch_flushed_early_that_fails_leaves_no_change_unrecorded(
+    tmp_path: Path, restorer: Restorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full batch is flushed as the next file or directory joins it. If that flush fails, the
+    step that was joining must not have changed its path yet: the undo takes back only what
+    ``written`` lists, so a file renamed into place but left out would keep the target's content."""
+    changes = _rollback_changes(restorer, tmp_path)
+    ws = tmp_path / "ws"
+    # Joins, in order: ws (gone.txt's removal), a.txt, b.txt, sub/new.txt, then sub after new.txt's
+    # rename: with five, the early flush comes with that last one.
+    monkeypatch.setattr(syncbatch, "MAX_PENDING", 5)
+    real_fsync = os.fsync
+
+    def failing_fsync(fd: int) -> None:
+        if os.fstat(fd).st_size == len(b"target b"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(ApplyInterrupted) as interrupted:
+        restorer.apply(Workspace(str(ws)), changes)
+
+    recorded = {path for path, _ in interrupted.value.written}
+    for change in changes:
+        on_disk = ws / change.path
+        now = None if not os.path.lexists(on_disk) else (
+            Entry(EntryKind.DIR, change.target.mode) if on_disk.is_dir() else _entry_of(on_disk))
+        changed = (now is None) != (change.base is None) or (
+            now is not None and now.kind is EntryKind.FILE and now != change.base)
+        assert not changed or change.path in recorded, f"{change.path} was changed but not recorded: {recorded}"

@@ -14,6 +14,7 @@ from sqlmodel import col, select
 
 from checkpointd.core.engine import filtering
 from checkpointd.core.engine.parts import EngineParts
+from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import InvalidArgument, Reason
@@ -40,7 +41,7 @@ def conditions(wanted: filtering.Filter, plan_id: str = "") -> list[ColumnElemen
     return terms
 
 
-def delete_matching(parts: EngineParts, plan_id: str, filter_text: str) -> list[Checkpoint]:
+def delete_matching(parts: EngineParts, recovery: Recovery, plan_id: str, filter_text: str) -> list[Checkpoint]:
     """Deletes the checkpoints ``filter_text`` selects in ``plan_id`` (every plan when empty, which
     then needs a filter: an empty one would mean every checkpoint of the server); returns them."""
     plan_id = validation.plan_id(plan_id, required=False)
@@ -52,7 +53,7 @@ def delete_matching(parts: EngineParts, plan_id: str, filter_text: str) -> list[
         plans = sorted(session.exec(select(CheckpointRow.plan_id).where(*conditions(wanted, plan_id)).distinct()).all())
     deleted: list[Checkpoint] = []
     for plan in plans:
-        with parts.registry.lock(plan), parts.db.session() as session:
+        with recovery.deleting(plan), parts.db.session() as session:
             rows = list(session.exec(select(CheckpointRow).where(*conditions(wanted, plan))).all())
             for row in rows:
                 session.delete(row)

@@ -44,7 +44,7 @@ class Checkpoints:
         self.plan_locks = parts.registry.locks
         self.recovery = Recovery(parts)
         self._create = Create(parts, self.recovery)
-        self._history = History(parts)
+        self._history = History(parts, self.recovery)
         self.page_tokens = self._history.page_tokens
         self._diffs = Diffs(parts, self.recovery)
         self._rollbacks = Rollbacks(parts, self.recovery)
@@ -84,7 +84,7 @@ class Checkpoints:
 
     def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
         """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
-        return delete_matching(self.parts, plan_id, filter_text)
+        return delete_matching(self.parts, self.recovery, plan_id, filter_text)
 
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         return self._diffs.diff(base_id, target_id, paths)

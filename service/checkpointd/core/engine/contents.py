@@ -1,6 +1,9 @@
-"""What a checkpoint holds, byte for byte: one file (ReadCheckpointFile), the whole tree as a
-tar archive (ExportCheckpoint), and unified text diffs of changed files (DiffCheckpoints with
-text_diffs).
+"""What a checkpoint holds, byte for byte: one file (ReadCheckpointFile), a directory's listing
+(ListCheckpointFiles), the whole tree as a tar archive (ExportCheckpoint), and unified text diffs
+of changed files (DiffCheckpoints with text_diffs).
+
+A listing pages by the last path it returned: a checkpoint's tree never changes, and each page
+walks down to that path (skipping what sorts before it), so page N costs no more than page 1.
 
 Reads stream in chunks of at most ``CHUNK`` bytes: a file is never held whole in memory, except
 one stored packed (small by construction). The tar archive is written member by member, its
@@ -10,12 +13,15 @@ buffered either.
 
 from __future__ import annotations
 
+import base64
 import difflib
+import itertools
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from checkpointd.core.engine import filtering
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, NotFound, Reason
 from checkpointd.core.metadata.db import Database
@@ -37,6 +43,10 @@ MAX_TEXT_DIFF_LINES = 20_000
 #: workspace's content never holds a server thread for long.
 MAX_TEXT_DIFF_SECONDS = 5.0
 _BLOCK = tarfile.BLOCKSIZE
+#: The scope of ListCheckpointFiles' page tokens (with the checkpoint id and recursive).
+_LIST_TOKEN_SCOPE = "ListCheckpointFiles"
+#: Longest page-token key (a path's bytes in base64) accepted: paths of up to 96 KiB.
+_LONGEST_PATH_KEY = 128 * 1024
 
 
 class TextDiffStatus:
@@ -61,10 +71,11 @@ def rechunk(chunks: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
 
 
 class Contents:
-    def __init__(self, db: Database, store: ContentStore, trees: Trees) -> None:
+    def __init__(self, db: Database, store: ContentStore, trees: Trees, page_tokens: filtering.PageTokens) -> None:
         self.db = db
         self.store = store
         self.trees = trees
+        self.page_tokens = page_tokens
 
     def _files_of(self, checkpoint_id: str) -> CheckpointRow:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)
@@ -89,11 +100,72 @@ class Contents:
                            checkpoint_id=row.checkpoint_id, path=path)
         if entry.kind is EntryKind.DIR:
             raise FailedPrecondition(Reason.NOT_A_FILE, f"{path!r} is a directory in checkpoint {row.checkpoint_id}; "
-                                                        "export the checkpoint to get a tree",
+                                                        "ls-files lists it; export gets the whole tree",
                                      checkpoint_id=row.checkpoint_id, path=path)
         if entry.kind is EntryKind.SYMLINK:
             return entry, iter((entry.target.encode("utf-8", "surrogateescape"),))
-        return entry, self._content(entry)
+        return entry, self._unless_deleted(row.checkpoint_id, self._content(entry))
+
+    def list_files(self, checkpoint_id: str, path: str = "", recursive: bool = False, page_size: int = 0,
+                   page_token: str = "") -> tuple[list[tuple[str, Entry]], str]:
+        """One page of the entries under directory ``path`` ("" = the root), as (workspace-relative
+        path, entry) pairs in depth-first order with names sorted, and the next page's token."""
+        if path:
+            path = validate_relpath(path.rstrip("/") or path, "path")
+        size = filtering.page_size(page_size)
+        row = self._files_of(checkpoint_id)
+        scope = f"{_LIST_TOKEN_SCOPE}\0{row.checkpoint_id}\0{int(recursive)}"
+        after_key = self.page_tokens.check_after(page_token, scope, path, _LONGEST_PATH_KEY)
+        try:
+            return self._page(row, path, recursive, size, scope, after_key)
+        except DataLoss:
+            self._not_found_if_deleted(row.checkpoint_id)
+            raise
+
+    def _page(self, row: CheckpointRow, path: str, recursive: bool, size: int, scope: str,
+              after_key: str | None) -> tuple[list[tuple[str, Entry]], str]:
+        digest = row.tree_digest
+        if path:
+            entry = self.trees.lookup(row.tree_digest, path)
+            if entry is None:
+                raise NotFound(Reason.PATH_NOT_FOUND, f"checkpoint {row.checkpoint_id} has no {path!r}",
+                               checkpoint_id=row.checkpoint_id, path=path)
+            if entry.kind is not EntryKind.DIR:
+                raise FailedPrecondition(Reason.NOT_A_DIRECTORY,
+                                         f"{path!r} is a {'symlink' if entry.kind is EntryKind.SYMLINK else 'file'}, "
+                                         f"not a directory, in checkpoint {row.checkpoint_id}; `cat` reads it",
+                                         checkpoint_id=row.checkpoint_id, path=path)
+            digest = entry.digest
+        prefix = f"{path}/" if path else ""
+        after = None
+        if after_key is not None:
+            after_path = base64.urlsafe_b64decode(after_key).decode("utf-8", "surrogateescape")
+            after = after_path.removeprefix(prefix).split("/")
+        found = list(itertools.islice(self._walk(digest, prefix, recursive, after), size + 1))
+        token = ""
+        if len(found) > size:
+            found = found[:size]
+            key = base64.urlsafe_b64encode(found[-1][0].encode("utf-8", "surrogateescape")).decode("ascii")
+            token = self.page_tokens.issue_after(scope, path, key)
+        return found, token
+
+    def _walk(self, digest: str, prefix: str, recursive: bool,
+              after: list[str] | None) -> Iterator[tuple[str, Entry]]:
+        """The entries of a tree node (and with ``recursive`` their subtrees), depth first, that
+        come after the path whose components below this node are ``after``."""
+        # Sorted here: a node cached as its capture wrote it keeps the capture's order.
+        for name, entry in sorted(self.trees.read(digest).items()):
+            if after:
+                if name < after[0]:
+                    continue
+                if name == after[0]:
+                    if recursive and entry.kind is EntryKind.DIR:
+                        yield from self._walk(entry.digest, f"{prefix}{name}/", recursive, after[1:])
+                    continue
+                after = None
+            yield f"{prefix}{name}", entry
+            if recursive and entry.kind is EntryKind.DIR:
+                yield from self._walk(entry.digest, f"{prefix}{name}/", recursive, None)
 
     def _content(self, entry: Entry) -> Iterator[bytes]:
         sent = 0
@@ -108,7 +180,23 @@ class Contents:
         """The checkpoint's tree as a pax tar archive; the checkpoint is looked up before the
         first chunk (so that a bad id fails the call, not the stream)."""
         row = self._files_of(checkpoint_id)
-        return self._archive(row)
+        return self._unless_deleted(row.checkpoint_id, self._archive(row))
+
+    def _unless_deleted(self, checkpoint_id: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """``chunks``, as a stream: content missing midway because the checkpoint was deleted (and
+        collected) while it was read is NOT_FOUND, not the store's DATA_LOSS."""
+        try:
+            yield from chunks
+        except DataLoss:
+            self._not_found_if_deleted(checkpoint_id)
+            raise
+
+    def _not_found_if_deleted(self, checkpoint_id: str) -> None:
+        with self.db.session() as session:
+            deleted = session.get(CheckpointRow, checkpoint_id) is None
+        if deleted:
+            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} was deleted while it was "
+                           "read", checkpoint_id=checkpoint_id) from None
 
     def _archive(self, row: CheckpointRow) -> Iterator[bytes]:
         mtime = int(row.create_time.timestamp())

@@ -140,11 +140,12 @@ class PageTokens:
         body = bytes([_KEY_TOKEN_VERSION]) + key.encode("ascii")
         return base64.urlsafe_b64encode(body + self._mac(scope, filter_text, body)).decode().rstrip("=")
 
-    def check_after(self, token: str, scope: str, filter_text: str) -> str | None:
-        """The key to continue after, or None for the first page (no token)."""
+    def check_after(self, token: str, scope: str, filter_text: str, longest_key: int = 128) -> str | None:
+        """The key to continue after, or None for the first page (no token). A token whose key
+        could be longer than ``longest_key`` characters is refused unread."""
         if not token:
             return None
-        if len(token) <= _MAX_KEY_TOKEN and re.fullmatch(r"[A-Za-z0-9_-]+", token):
+        if len(token) <= _max_key_token(longest_key) and re.fullmatch(r"[A-Za-z0-9_-]+", token):
             try:
                 raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
             except ValueError:
@@ -158,5 +159,9 @@ class PageTokens:
 
 
 _KEY_TOKEN_VERSION = 2
-#: Longest key token accepted: a 128-character key, its version byte and MAC, in base64.
-_MAX_KEY_TOKEN = (1 + 128 + _MAC_BYTES) * 4 // 3 + 4
+
+
+def _max_key_token(longest_key: int) -> int:
+    """Longest key token accepted: a key of ``longest_key`` characters, its version byte and MAC,
+    in base64."""
+    return (1 + longest_key + _MAC_BYTES) * 4 // 3 + 4

@@ -8,6 +8,7 @@ from sqlmodel import col, select
 
 from checkpointd.core.engine import filtering
 from checkpointd.core.engine.parts import EngineParts
+from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint
 from checkpointd.core.kernel import validation
 from checkpointd.core.metadata.models import CheckpointRow
@@ -15,8 +16,9 @@ from checkpointd.core.metadata.server_secrets import PAGE_TOKEN_KEY, shared_secr
 
 
 class History:
-    def __init__(self, parts: EngineParts) -> None:
+    def __init__(self, parts: EngineParts, recovery: Recovery) -> None:
         self.parts = parts
+        self.recovery = recovery
         self.page_tokens = filtering.PageTokens(lambda: shared_secret(parts.db, PAGE_TOKEN_KEY))
 
     def get(self, checkpoint_id: str, with_state: bool = False) -> Checkpoint:
@@ -60,7 +62,7 @@ class History:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)
         with parts.db.session() as session:
             row = parts.load(session, checkpoint_id)
-        with parts.registry.lock(row.plan_id), parts.db.session() as session:
+        with self.recovery.deleting(row.plan_id), parts.db.session() as session:
             row = parts.load(session, checkpoint_id)
             session.delete(row)
             session.commit()

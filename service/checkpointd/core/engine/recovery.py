@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from checkpointd.core.engine.idempotency import forget_rollback
 from checkpointd.core.engine.parts import EngineParts
 from checkpointd.core.engine.records import OPERATIONS, NewCheckpoint, new_row, write_checkpoints
 from checkpointd.core.engine.restoring import plan_restore, safety_state, seen_by_capture
-from checkpointd.core.kernel.errors import CheckpointdError
+from checkpointd.core.kernel.errors import CheckpointdError, Reason, RollbackUnfinished
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow, RollbackJournalRow
@@ -62,6 +63,23 @@ class Recovery:
             forget_rollback(self.parts.db, entry.request_id)
             return entry
         return None
+
+    @contextlib.contextmanager
+    def deleting(self, plan_id: str) -> Iterator[None]:
+        """The plan's lock, for deleting some of its checkpoints: its unfinished rollback is
+        finished first; one that cannot be finished now refuses every deletion in the plan
+        (RollbackUnfinished), which would otherwise take its target or its safety checkpoint, the
+        only record of the workspace before it."""
+        with self.parts.registry.lock(plan_id), self.parts.store.referencing():
+            entry = self.take_over(plan_id)
+            if entry is not None:
+                raise RollbackUnfinished(
+                    Reason.ROLLBACK_CONFLICT,
+                    f"plan {plan_id} has an interrupted rollback (to checkpoint {entry.target_checkpoint_id}) "
+                    f"that could not be finished now; its checkpoints are kept until it is (safety checkpoint "
+                    f"{entry.safety_checkpoint_id} holds the workspace from before it)",
+                    plan_id=plan_id, checkpoint_id=entry.safety_checkpoint_id)
+            yield
 
     def resume(self, entry: JournalEntry) -> None:
         """Brings the paths an unfinished rollback covers to its goal (the target; for an undo, the

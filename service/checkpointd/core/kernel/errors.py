@@ -45,6 +45,7 @@ class Reason(enum.StrEnum):
     PATH_NOT_FOUND = "PATH_NOT_FOUND"
     NOT_A_FILE = "NOT_A_FILE"
     NESTED_WORKSPACE = "NESTED_WORKSPACE"
+    NOT_A_DIRECTORY = "NOT_A_DIRECTORY"
 
 
 class Kind(enum.Enum):
@@ -79,6 +80,11 @@ class NotFound(CheckpointdError):
 
 class FailedPrecondition(CheckpointdError):
     kind = Kind.FAILED_PRECONDITION
+
+
+class RollbackUnfinished(FailedPrecondition):
+    """A plan's interrupted rollback could not be finished now: its checkpoints are kept until it is
+    (deleting its target or safety checkpoint would leave the workspace half-applied for good)."""
 
 
 class PermissionDenied(CheckpointdError):

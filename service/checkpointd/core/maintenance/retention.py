@@ -43,7 +43,7 @@ from checkpointd.core.config.registry import (
     ConfigStore,
 )
 from checkpointd.core.kernel import telemetry
-from checkpointd.core.kernel.errors import CheckpointdError, NotFound
+from checkpointd.core.kernel.errors import CheckpointdError, NotFound, RollbackUnfinished
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.kernel.telemetry import GcReport
 from checkpointd.core.kernel.vocabulary import Phase
@@ -298,6 +298,8 @@ class Maintenance:
                         self.delete_checkpoint(candidate.checkpoint_id)
                     except NotFound:
                         continue
+                    except RollbackUnfinished:
+                        break  # the plan's interrupted rollback keeps its checkpoints until finished
                 report.pruned[rule] += 1
                 report.checkpoint_ids.append(candidate.checkpoint_id)
         if not dry_run:

@@ -63,6 +63,8 @@ class Compaction:
         pack may still hold a record they end: without them a reopened store would index
         those records again. Everything appended so far is made durable before the pack goes,
         so a crash at any step leaves either the pack or its replacement records."""
+        if pack.damaged_at is not None:
+            return  # its unreadable bytes are kept for repair (see _recover)
         moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
         tombstones = {digest for digest, kind, _body, _length in self._records(pack, pack.size) if kind == DELETED}
         carried = [digest for digest in sorted(tombstones)

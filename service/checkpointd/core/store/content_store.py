@@ -418,6 +418,9 @@ class ContentStore(PackReplay, Compaction):
                 continue
             if on_disk < indexed:
                 found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
+            elif pack.damaged_at is not None:
+                found.append((pack.path.name, f"cannot be read from offset {pack.damaged_at}, within its durable "
+                                              f"part: {on_disk - pack.damaged_at} bytes left in place, not indexed"))
         for digest, location in list(self._committed.items()):
             if location.kind in DELTAS and location.base not in self._committed:
                 found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))

@@ -77,7 +77,15 @@ class PackReplay:
                 self._committed[digest] = location
                 if kind in DELTAS:
                     self._dependents.setdefault(location.base, set()).add(digest)
-        if end != size:
+        if end < durable_hint <= size:
+            # Not a torn tail: the durable part is damaged. Cutting here would destroy every intact
+            # record after it, so they stay in the file (unindexed) for whoever repairs it.
+            log.error("%s: the record at offset %d, within the durable part (%d bytes), cannot be read; "
+                      "the %d bytes from there are left in place and not indexed", pack.path, end,
+                      durable_hint, size - end)
+            pack.appendable = False
+            pack.damaged_at = end
+        elif end != size:
             os.ftruncate(pack.fd, end)
             os.fsync(pack.fd)
         pack.size = pack.durable = end

@@ -136,8 +136,11 @@ class Pack:
         self.fd = fd
         self.size = size
         self.durable = durable
-        #: False for a pack from before zstd deltas (see PACK_MAGIC_ZSTD).
+        #: False for a pack from before zstd deltas (see PACK_MAGIC_ZSTD), or a damaged one.
         self.appendable = True
+        #: Where a record its header says is durable cannot be read: the bytes from there on are
+        #: kept (not indexed, never compacted away) for repair; fsck reports them.
+        self.damaged_at: int | None = None
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
 

@@ -86,15 +86,17 @@ class SyncBatch:
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         if key not in self._dirs:
-            self._dirs.add(key)
             self._add(path, fd, st.st_dev)
+            self._dirs.add(key)
 
     def _add(self, path: str, fd: int, device: int | None = None) -> None:
+        """A full batch is flushed first, before ``fd`` joins: the caller adds before it changes
+        anything (see ``Workspace``), so a flush that fails leaves its change not made."""
+        if len(self._pending) >= MAX_PENDING:
+            self.flush()
         duplicate = os.dup(fd)
         self._pending.append((path, duplicate))
         self._devices.setdefault(os.fstat(fd).st_dev if device is None else device, duplicate)
-        if len(self._pending) >= MAX_PENDING:
-            self.flush()
 
     def __len__(self) -> int:
         return len(self._pending)

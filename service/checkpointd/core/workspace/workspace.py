@@ -121,8 +121,10 @@ class Workspace:
             pending.close()
 
     def _synced_dir(self, path: str, fd: int) -> None:
-        """Directory ``fd`` (at ``path``) had an entry created, renamed or removed: durable now, or
-        at the batch's flush. Only batched: unbatched removals and mkdirs stay unsynced, as before."""
+        """Directory ``fd`` (at ``path``) is about to have an entry created, renamed or removed: durable
+        at the batch's flush. Called before the change (and before its check, to keep the check-to-
+        change window short): joining may flush a full batch, and if that fails nothing must have
+        changed yet. Only batched: unbatched removals and mkdirs stay unsynced, as before."""
         if self._pending is not None:
             self._pending.add_dir(path, fd)
 
@@ -209,10 +211,10 @@ class Workspace:
         """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode."""
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as fd:
+            self._synced_dir(parent, fd)
             check(fd, name)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
-                self._synced_dir(parent, fd)
             try:
                 created = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
@@ -272,6 +274,7 @@ class Workspace:
             st = os.lstat(name, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
                 raise UnsafePath(name)
+        self._synced_dir(parent, dfd)
         check(dfd, name)
         try:
             os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -281,8 +284,6 @@ class Workspace:
             raise
         if self._pending is None:
             os.fsync(dfd)
-        else:
-            self._pending.add_dir(parent, dfd)
 
     def remove_temp_files(self, directory: str, temp_tag: str) -> int:
         """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
@@ -303,19 +304,19 @@ class Workspace:
         """Removes a file or symlink (never a directory)."""
         parent, _, name = path.rpartition("/")
         with self.dir_fd(parent) as fd:
+            self._synced_dir(parent, fd)
             check(fd, name)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=fd)
-                self._synced_dir(parent, fd)
 
     def remove_empty_dir(self, path: str, check: Check = _no_check) -> bool:
         """Removes a directory only if it is empty; True when it is gone."""
         parent, _, name = path.rpartition("/")
         try:
             with self.dir_fd(parent) as fd:
+                self._synced_dir(parent, fd)
                 check(fd, name)
                 os.rmdir(name, dir_fd=fd)
-                self._synced_dir(parent, fd)
         except FileNotFoundError:
             return True
         except OSError as exc:
