@@ -323,7 +323,7 @@ def test_an_interrupted_rollback_that_cannot_be_finished_keeps_every_checkpoint_
     finishes it, deleting its target or its safety checkpoint (by DeleteCheckpoint, DeleteCheckpoints
     or retention) would leave the workspace half-applied with no record of what it was. Such a
     deletion is refused while the rollback cannot be finished, and goes ahead once it was."""
-    from checkpointd.core.errors import RollbackUnfinished
+    from checkpointd.core.kernel.errors import RollbackUnfinished
 
     for name in ("a", "b", "c"):
         (plan.root / name).write_text(f"target {name}")
