@@ -31,7 +31,7 @@ def _on_off(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from checkpointd.core.db_store import StoreKind
+    from checkpointd.core.store.db_store import StoreKind
 
     parser = argparse.ArgumentParser(
         prog="checkpointd",
@@ -107,7 +107,7 @@ def server_settings(args: argparse.Namespace):
 
 
 def serve(args: argparse.Namespace) -> int:
-    from checkpointd.core import heap
+    from checkpointd.core.kernel import heap
     from checkpointd.server import CheckpointdServer
 
     configure_logging(args.log_level, LogFormat(args.log_format))

@@ -19,11 +19,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from checkpoint.v1 import checkpoint_service_pb2
-from checkpointd.core import telemetry
-from checkpointd.core.db_store import DatabaseStore
-from checkpointd.core.retention import store_footprint
-from checkpointd.core.store import ContentStore
-from checkpointd.core.telemetry import CaptureMode, Durable, GcReport
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.telemetry import CaptureMode, Durable, GcReport
+from checkpointd.core.maintenance.retention import store_footprint
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.db_store import DatabaseStore
 from checkpointd.listeners import Listener, parse_tcp
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpointd.api.auth import OpenService, TokenError, TokenSource
-from checkpointd.core.db import DatabaseUrlError, SchemaError
-from checkpointd.datadir_lock import DataDirBusy
+from checkpointd.core.maintenance.datadir_lock import DataDirBusy
+from checkpointd.core.metadata.db import DatabaseUrlError, SchemaError
 from checkpointd.listeners import ListenerError, TlsFiles
 from checkpointd.logging_setup import LogFormat
 

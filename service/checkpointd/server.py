@@ -41,16 +41,17 @@ from checkpointd.api.checkpoint_servicer import AsyncCheckpointServicer
 from checkpointd.api.config_servicer import AsyncConfigServicer
 from checkpointd.api.drain import Drain, DrainInterceptor
 from checkpointd.api.interceptors import ErrorInterceptor, HandlerInterceptor
-from checkpointd.core import telemetry
-from checkpointd.core.checkpoints import Checkpoints, EngineSettings
-from checkpointd.core.config import ConfigStore
-from checkpointd.core.db import Database
-from checkpointd.core.db_store import StoreKind, open_store
-from checkpointd.core.fsck import FsckReport
-from checkpointd.core.fsck import check as check_integrity
-from checkpointd.core.journal import LEGACY_DIRECTORY
-from checkpointd.core.retention import GcPostponed, Maintenance, MaintenanceReport
-from checkpointd.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
+from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import EngineSettings
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.maintenance.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
+from checkpointd.core.maintenance.fsck import FsckReport
+from checkpointd.core.maintenance.fsck import check as check_integrity
+from checkpointd.core.maintenance.retention import GcPostponed, Maintenance, MaintenanceReport
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.restore.journal import LEGACY_DIRECTORY
+from checkpointd.core.store.db_store import StoreKind, open_store
 from checkpointd.listeners import (
     Listener,
     ListenerError,

@@ -7,7 +7,7 @@ exactly as a capture's walk asks (ignored directories pruned, directories withou
 WORKSPACE is any directory (``tests.bench.workspace_gen`` makes the benchmark's: 100k files
 plus an ignored node_modules). It is timed with its own .gitignore files, then with a typical
 50-line Python/Node .gitignore at its root instead. ``--module`` loads another version of
-``checkpointd/core/ignore.py`` (e.g. main's) to compare.
+``checkpointd/core/capture/ignore.py`` (e.g. main's) to compare.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def scan(module, tree: dict[str, list[tuple[str, bool]]], gitignores: dict[str, 
 
 def load(path: str | None):
     if path is None:
-        import checkpointd.core.ignore as module
+        import checkpointd.core.capture.ignore as module
 
         return module
     spec = importlib.util.spec_from_file_location("ignore_under_test", path)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd.core import watcher as watcher_module
-from checkpointd.core.capture import Capturer
-from checkpointd.core.index import StatIndex
-from checkpointd.core.snapshot import CaptureResult, Snapshotter
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import Trees
-from checkpointd.core.watcher import Watcher
-from checkpointd.core.workspace import Workspace
+from checkpointd.core.capture import watcher as watcher_module
+from checkpointd.core.capture.capturer import Capturer
+from checkpointd.core.capture.snapshot import CaptureResult, Snapshotter
+from checkpointd.core.capture.stat_index import StatIndex
+from checkpointd.core.capture.watcher import Watcher
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.tree import Trees
+from checkpointd.core.workspace.workspace import Workspace
 from tests.conftest import PostgresDatabases, RunningServer
 from tests.engine.live import NamespacedServer, Session, serve
 

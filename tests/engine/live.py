@@ -17,11 +17,11 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.index import StatIndex
-from checkpointd.core.snapshot import CaptureResult, Snapshotter, disk_rules
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import Trees
-from checkpointd.core.workspace import Workspace
+from checkpointd.core.capture.snapshot import CaptureResult, Snapshotter, disk_rules
+from checkpointd.core.capture.stat_index import StatIndex
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.tree import Trees
+from checkpointd.core.workspace.workspace import Workspace
 from tests.conftest import SERVER_ARGS, PostgresDatabases, RunningServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,13 @@ from pathlib import Path
 import grpc
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from checkpointd.core.ignore import MAX_GITIGNORE_BYTES
-from checkpointd.core.snapshot import MAX_DIR_DEPTH, SKIP_GITIGNORE_TOO_LARGE, SKIP_SERVER_TEMPORARY, SKIP_TOO_DEEP
+from checkpointd.core.capture.ignore import MAX_GITIGNORE_BYTES
+from checkpointd.core.capture.snapshot import (
+    MAX_DIR_DEPTH,
+    SKIP_GITIGNORE_TOO_LARGE,
+    SKIP_SERVER_TEMPORARY,
+    SKIP_TOO_DEEP,
+)
 from tests.engine.conftest import write
 from tests.engine.live import Session
 from tests.helpers import tree_state

@@ -14,14 +14,15 @@ import zlib
 import pytest
 import zstandard
 
-from checkpointd.core import snapshot as snapshot_module
-from checkpointd.core import store as store_module
-from checkpointd.core.errors import DataLoss, ResourceExhausted
-from checkpointd.core.index import StatIndex
-from checkpointd.core.snapshot import Snapshotter, disk_rules
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import Trees
-from checkpointd.core.workspace import Workspace
+from checkpointd.core.capture import snapshot as snapshot_module
+from checkpointd.core.capture.snapshot import Snapshotter, disk_rules
+from checkpointd.core.capture.stat_index import StatIndex
+from checkpointd.core.kernel.errors import DataLoss, ResourceExhausted
+from checkpointd.core.store import content_store as store_module
+from checkpointd.core.store import packs as packs_module
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.tree import Trees
+from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
 
 
@@ -359,7 +360,7 @@ def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_a
     too_big = bytes(2 * store_module.COMPRESS_LIMIT)
     frame = zstandard.ZstdCompressor().compress(too_big)
     with pytest.raises(zstandard.ZstdError, match="claims"):
-        store_module._zstd_decompress(frame)
+        packs_module.zstd_decompress(frame)
     store = ContentStore(tmp_path)
     with store.batch() as batch:
         kept = batch.put_bytes(b"kept object " * 100)

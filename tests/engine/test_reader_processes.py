@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd.core import readworker
-from checkpointd.core.index import StatIndex
-from checkpointd.core.readers import Readers
-from checkpointd.core.snapshot import SKIP_TOO_LARGE, Snapshotter, disk_rules
-from checkpointd.core.store import ContentStore
-from checkpointd.core.tree import EntryKind, Trees
-from checkpointd.core.workspace import Workspace
+from checkpointd.core.capture.readers import Readers
+from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE, Snapshotter, disk_rules
+from checkpointd.core.capture.stat_index import StatIndex
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.tree import EntryKind, Trees
+from checkpointd.core.workspace import readworker
+from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
@@ -220,11 +220,11 @@ def test_a_server_killed_mid_scan_leaves_no_reader_and_a_consistent_store(tmp_pa
     program = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(SERVICE)!r})
-        from checkpointd.core.index import StatIndex
-        from checkpointd.core.snapshot import Snapshotter, disk_rules
-        from checkpointd.core.store import ContentStore
-        from checkpointd.core.tree import Trees
-        from checkpointd.core.workspace import Workspace
+        from checkpointd.core.capture.stat_index import StatIndex
+        from checkpointd.core.capture.snapshot import Snapshotter, disk_rules
+        from checkpointd.core.store.content_store import ContentStore
+        from checkpointd.core.store.tree import Trees
+        from checkpointd.core.workspace.workspace import Workspace
         store = ContentStore(__import__("pathlib").Path({str(tmp_path / "store")!r}))
         snap = Snapshotter(store, Trees(store), StatIndex(), reader_processes=2, readers_min_files=1)
         seen = []
@@ -341,8 +341,8 @@ def test_repeated_scans_with_readers_match_scans_without(tmp_path):
 def test_a_full_disk_while_readers_run_fails_the_scan_cleanly(tmp_path, reference, monkeypatch):
     import errno
 
-    from checkpointd.core import store as store_module
-    from checkpointd.core.errors import ResourceExhausted
+    from checkpointd.core.kernel.errors import ResourceExhausted
+    from checkpointd.core.store import content_store as store_module
 
     root, expected, _ = reference
     store = ContentStore(tmp_path / "store")
@@ -421,7 +421,7 @@ def test_a_directory_larger_than_the_read_ahead_window_is_read_whole_and_leaks_n
 def test_readers_pack_with_zstd_in_their_isolated_interpreter(tmp_path, monkeypatch):
     """A reader runs as ``python -I -S`` and is told where the server's zstandard is: were it not,
     it could not pack at all, and every file would be read by the server instead."""
-    from checkpointd.core import snapshot as snapshot_module
+    from checkpointd.core.capture import snapshot as snapshot_module
 
     read_in_server = []
     original = snapshot_module._read_unstated

@@ -11,7 +11,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from checkpointd.core.snapshot import SKIP_TOO_LARGE
+from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE
 from tests.engine.conftest import write
 
 
@@ -275,10 +275,10 @@ def test_a_workspace_whose_parent_is_replaced_is_scanned_again(engines, tmp_path
 
 
 def test_running_out_of_watches_falls_back_to_full_scans(engines, tmp_path):
-    from checkpointd.core.capture import Capturer
-    from checkpointd.core.index import StatIndex
-    from checkpointd.core.snapshot import Snapshotter
-    from checkpointd.core.watcher import Watcher
+    from checkpointd.core.capture.capturer import Capturer
+    from checkpointd.core.capture.snapshot import Snapshotter
+    from checkpointd.core.capture.stat_index import StatIndex
+    from checkpointd.core.capture.watcher import Watcher
 
     _populate(engines.root)
     small = Watcher(watch_budget=3)
@@ -293,7 +293,7 @@ def test_running_out_of_watches_falls_back_to_full_scans(engines, tmp_path):
 
 
 def _workspace(engines):
-    from checkpointd.core.workspace import Workspace
+    from checkpointd.core.workspace.workspace import Workspace
 
     return Workspace(str(engines.root))
 

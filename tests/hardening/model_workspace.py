@@ -5,7 +5,7 @@ trees reports, and what a rollback must leave on disk.
 Names come from small pools so that edits collide (a file becomes a directory, a link replaces a
 file...). The root ``.gitignore`` is drawn from a few fixed texts whose meaning is written out here
 by hand (``Rules.excluded``), rather than asked of the server's own matcher: the model must not
-share the code it checks. Git's full syntax is proved elsewhere (tests/core/test_gitignore_vs_git.py).
+share the code it checks. Git's full syntax is proved elsewhere (tests/core/capture/test_gitignore_vs_git.py).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import create_engine, inspect, text
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from checkpointd.core.faults import FAULT_DIR_VARIABLE, Action
-from checkpointd.core.fsck import FsckReport, check_data_dir
+from checkpointd.core.kernel.faults import FAULT_DIR_VARIABLE, Action
+from checkpointd.core.maintenance.fsck import FsckReport, check_data_dir
 from tests.helpers import tree_state
 
 FAULT_VARIABLES = tuple(action.value for action in Action)

@@ -24,7 +24,7 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.faults import Point
+from checkpointd.core.kernel.faults import Point
 from tests.hardening.support import (
     GONE,
     TOP_DIRECTORIES,

@@ -22,7 +22,7 @@ from checkpoint.v1 import admin_service_pb2 as admin_pb
 from checkpoint.v1 import admin_service_pb2_grpc as admin_grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.journal import Goal, JournalEntry
+from checkpointd.core.restore.journal import Goal, JournalEntry
 from tests.conftest import CHECKPOINTD
 from tests.hardening.support import assert_fsck_clean, fsck
 from tests.helpers import skip_unless_ci, tree_state

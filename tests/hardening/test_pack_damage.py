@@ -11,7 +11,7 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.readworker import RECORD
+from checkpointd.core.workspace.readworker import RECORD
 from tests.hardening.support import assert_fsck_clean, fsck
 
 _PACK_HEADER_SIZE = 16

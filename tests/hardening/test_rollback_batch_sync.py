@@ -19,7 +19,7 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.workspace import TEMP_PREFIX
+from checkpointd.core.workspace.workspace import TEMP_PREFIX
 from tests.hardening.support import assert_fsck_clean, pending_rollbacks, start_with_faults
 from tests.helpers import tree_state
 

@@ -20,7 +20,7 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.planlocks import MAX_WAITERS
+from checkpointd.core.engine.plan_locks import MAX_WAITERS
 from tests.hardening.liveness import BOUND_SECONDS, STALLED_SECONDS, Probes
 from tests.hardening.support import list_all, metric, start_with_faults
 from tests.helpers import error_info

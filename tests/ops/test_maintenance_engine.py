@@ -3,7 +3,7 @@ and in the database, no server): what README's "Retention and garbage collection
 object by object. "Only unreferenced content goes": after a collection the store holds exactly what
 the remaining checkpoints reference (plan states, file contents, every subtree), and the report
 counts what went. These take a few seconds, so `make mutants` runs them per mutant of
-`core/retention.py`; the server-level variants are in test_retention.py and test_gc_references.py.
+`core/maintenance/retention.py`; the server-level variants are in test_retention.py and test_gc_references.py.
 """
 
 from __future__ import annotations
@@ -17,20 +17,21 @@ from pathlib import Path
 import pytest
 from ulid import ULID
 
-from checkpointd.core import retention as retention_module
-from checkpointd.core import telemetry
-from checkpointd.core.checkpoints import Checkpoints, CreateRequest, EngineSettings, RollbackRequest, Scope
-from checkpointd.core.config import (
+from checkpointd.core.config.registry import (
     RETENTION_MAX_AGE_SECONDS,
     RETENTION_MAX_CHECKPOINTS,
     RETENTION_SAFETY_MAX_AGE_SECONDS,
     ConfigStore,
 )
-from checkpointd.core.db import Database
-from checkpointd.core.db_store import DatabaseStore, open_store
-from checkpointd.core.faults import Point
-from checkpointd.core.retention import Candidate, GcAborted, Maintenance, Policy, Rule, select_prunable
-from checkpointd.core.tree import EntryKind
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import CreateRequest, EngineSettings, RollbackRequest, Scope
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.faults import Point
+from checkpointd.core.maintenance import retention as retention_module
+from checkpointd.core.maintenance.retention import Candidate, GcAborted, Maintenance, Policy, Rule, select_prunable
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.db_store import DatabaseStore, open_store
+from checkpointd.core.store.tree import EntryKind
 
 
 class Engine:
@@ -75,7 +76,7 @@ class Engine:
     def _rows(self):
         from sqlmodel import select
 
-        from checkpointd.core.models import CheckpointRow
+        from checkpointd.core.metadata.models import CheckpointRow
         with self.db.session() as session:
             return list(session.exec(select(CheckpointRow)).all())
 

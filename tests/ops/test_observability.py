@@ -14,8 +14,8 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core import telemetry
-from checkpointd.core.store import ContentStore
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.store.content_store import ContentStore
 from checkpointd.metrics import PrometheusMetrics
 from tests.ops.conftest import wait_until
 

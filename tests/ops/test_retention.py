@@ -17,7 +17,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpoint.v1 import config_service_pb2_grpc as config_grpc
-from checkpointd.core.retention import Candidate, Policy, Rule, select_prunable
+from checkpointd.core.maintenance.retention import Candidate, Policy, Rule, select_prunable
 from tests.helpers import tree_state
 from tests.ops.conftest import run_cli, wait_until
 

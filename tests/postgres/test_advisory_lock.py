@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.pool import NullPool
 
-from checkpointd.core.db import Database, _discard_if_dropped, lock_key
+from checkpointd.core.metadata.db import Database, _discard_if_dropped, lock_key
 from tests.helpers import end_other_sessions
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from checkpointd.core import db_store, store
-from checkpointd.core.db import Database
-from checkpointd.core.db_store import DatabaseStore, StoreKind, open_store
-from checkpointd.core.errors import DataLoss
+from checkpointd.core.kernel.errors import DataLoss
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store import content_store as store
+from checkpointd.core.store import db_store
+from checkpointd.core.store.db_store import DatabaseStore, StoreKind, open_store
 
 MIB = 1 << 20
 

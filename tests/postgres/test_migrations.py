@@ -15,7 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import SQLModel, select
 
-from checkpointd.core.db import (
+from checkpointd.core.metadata.db import (
     BASELINE_REVISION,
     SCHEMA_VERSION_TABLE,
     Database,
@@ -25,7 +25,7 @@ from checkpointd.core.db import (
     known_revisions,
     normalize_url,
 )
-from checkpointd.core.models import CheckpointRow, ConfigRow, OperationRow
+from checkpointd.core.metadata.models import CheckpointRow, ConfigRow, OperationRow
 from tests.conftest import CHECKPOINTD, RunningServer
 
 HEAD = known_revisions()[1]

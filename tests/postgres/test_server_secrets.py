@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from concurrent import futures
 
-from checkpointd.core.db import Database
-from checkpointd.core.server_secrets import shared_secret
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.server_secrets import shared_secret
 
 
 def test_a_shared_secret_is_made_once_however_many_ask_at_once(any_db_url: str) -> None:

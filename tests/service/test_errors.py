@@ -223,7 +223,7 @@ def test_config_errors(config_stub):
 
 def test_the_contract_reason_list_and_the_domain_reasons_are_the_same_set():
     from checkpoint.v1 import errors_pb2
-    from checkpointd.core.errors import Reason
+    from checkpointd.core.kernel.errors import Reason
 
     contract = {n.removeprefix("ERROR_REASON_") for n in errors_pb2.ErrorReason.keys()} - {"UNSPECIFIED"}  # noqa: SIM118
     assert contract == {r.value for r in Reason}

@@ -17,11 +17,12 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc, config_service_pb2_grpc
 from checkpointd.api.checkpoint_servicer import CheckpointServicer
 from checkpointd.api.config_servicer import ConfigServicer
 from checkpointd.api.interceptors import ErrorInterceptor
-from checkpointd.core import store as store_module
-from checkpointd.core.checkpoints import Checkpoints, EngineSettings
-from checkpointd.core.config import ConfigStore
-from checkpointd.core.db import Database
-from checkpointd.core.store import ContentStore
+from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import EngineSettings
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store import content_store as store_module
+from checkpointd.core.store.content_store import ContentStore
 from tests.helpers import error_info
 
 grpc_max_workers = 16

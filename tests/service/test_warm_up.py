@@ -1,4 +1,4 @@
-"""The start-up warm-up (Checkpoints._warm_up) runs a rollback's statements in a transaction it
+"""The start-up warm-up (checkpointd.core.engine.warm_up) runs a rollback's statements in a transaction it
 rolls back: a server that has started, and even served a rollback, holds no row of it, and its
 ids are ones no client can send."""
 
@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, text
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core import checkpoints
+from checkpointd.core.engine import warm_up
 from tests.helpers import error_info
 
 
@@ -20,11 +20,11 @@ def _rows_of_the_warm_up(server) -> list[tuple[str, int]]:
         with engine.connect() as connection:
             return [
                 ("plans", connection.execute(text("SELECT count(*) FROM plans WHERE plan_id = :plan"),
-                                             {"plan": checkpoints._WARM_UP_PLAN}).scalar_one()),
+                                             {"plan": warm_up.WARM_UP_PLAN}).scalar_one()),
                 ("checkpoints", connection.execute(text("SELECT count(*) FROM checkpoints WHERE plan_id = :plan"),
-                                                   {"plan": checkpoints._WARM_UP_PLAN}).scalar_one()),
+                                                   {"plan": warm_up.WARM_UP_PLAN}).scalar_one()),
                 ("operations", connection.execute(text("SELECT count(*) FROM operations WHERE request_id = :rid"),
-                                                  {"rid": checkpoints._WARM_UP_REQUEST_ID}).scalar_one()),
+                                                  {"rid": warm_up.WARM_UP_REQUEST_ID}).scalar_one()),
             ]
     finally:
         engine.dispose()
@@ -45,8 +45,8 @@ def test_a_started_server_that_rolled_back_holds_nothing_of_its_warm_up(fresh_se
 
 
 @pytest.mark.parametrize(("ids", "reason"), [
-    ({"plan_id": checkpoints._WARM_UP_PLAN}, "INVALID_PLAN_ID"),
-    ({"request_id": checkpoints._WARM_UP_REQUEST_ID}, "INVALID_REQUEST_ID"),
+    ({"plan_id": warm_up.WARM_UP_PLAN}, "INVALID_PLAN_ID"),
+    ({"request_id": warm_up.WARM_UP_REQUEST_ID}, "INVALID_REQUEST_ID"),
 ], ids=["plan_id", "request_id"])
 def test_clients_cannot_use_the_warm_up_ids(checkpoint_stub, plan_id, ids, reason):
     request = pb.CreateCheckpointRequest(**{"plan_id": plan_id, "trigger": pb.TRIGGER_MANUAL, **ids})

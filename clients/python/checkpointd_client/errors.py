@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from enum import StrEnum
 
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-
-if TYPE_CHECKING:
-    from checkpointd_client.vocabulary import AutoTrigger
 
 ERROR_DOMAIN = "checkpointd"
 
@@ -72,7 +69,8 @@ class CheckpointUnavailableError(CheckpointdClientError):
     Raised before the guarded action runs, so the write tool or sub-plan never starts.
     """
 
-    def __init__(self, trigger: AutoTrigger, plan_id: str, cause: CheckpointdRpcError) -> None:
+    def __init__(self, trigger: StrEnum, plan_id: str, cause: CheckpointdRpcError) -> None:
+        # ``trigger`` is a vocabulary.AutoTrigger; vocabulary imports this module, not the reverse.
         self.trigger = trigger
         self.plan_id = plan_id
         self.cause = cause

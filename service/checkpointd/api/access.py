@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import grpc
 
 from checkpointd.api.interceptors import MethodWrapper, begin_call, is_async, outcome, shape_of
-from checkpointd.core import validation
+from checkpointd.core.kernel import validation
 from checkpointd.logging_setup import request_context
 
 log = logging.getLogger("checkpointd.access")

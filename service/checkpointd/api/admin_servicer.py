@@ -9,7 +9,7 @@ import grpc
 from checkpoint.v1 import admin_service_pb2 as pb
 from checkpoint.v1 import admin_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
-from checkpointd.core.fsck import FsckReport
+from checkpointd.core.maintenance.fsck import FsckReport
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):

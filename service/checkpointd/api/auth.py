@@ -25,7 +25,7 @@ from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status
 from checkpointd.api.interceptors import HandlerInterceptor, abort, abort_async, is_async, shape_of
-from checkpointd.core.errors import Reason
+from checkpointd.core.kernel.errors import Reason
 
 log = logging.getLogger("checkpointd.auth")
 

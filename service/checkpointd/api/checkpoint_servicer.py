@@ -13,10 +13,11 @@ import grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
-from checkpointd.core.checkpoints import Checkpoints, CreateRequest, RollbackRequest, Scope
-from checkpointd.core.contents import Contents
-from checkpointd.core.pending_writes import PendingWrite
-from checkpointd.core.plans import Plans
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.contents import Contents
+from checkpointd.core.engine.pending_writes import PendingWrite
+from checkpointd.core.engine.plans import Plans
+from checkpointd.core.engine.requests import CreateRequest, RollbackRequest, Scope
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ import grpc
 from checkpoint.v1 import config_service_pb2 as pb
 from checkpoint.v1 import config_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
-from checkpointd.core import validation
-from checkpointd.core.config import REGISTRY, ConfigStore, Effective, lookup_key
+from checkpointd.core.config.registry import REGISTRY, ConfigStore, Effective, lookup_key
+from checkpointd.core.kernel import validation
 
 #: How often a watcher re-reads the database, to see changes made by other replicas.
 WATCH_POLL_SECONDS = 1.0

@@ -14,15 +14,15 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from checkpoint.v1 import admin_service_pb2 as admin_pb
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import config_service_pb2 as config_pb
-from checkpointd.core.checkpoints import Checkpoint, Scope
-from checkpointd.core.config import Effective, Source
-from checkpointd.core.contents import TextDiff
-from checkpointd.core.errors import InvalidArgument, Reason
-from checkpointd.core.fsck import FindingKind, FsckReport
-from checkpointd.core.nesting import NestedWorkspace
-from checkpointd.core.plans import PlanSummary
-from checkpointd.core.tree import Change, Entry, EntryKind
-from checkpointd.core.vocabulary import Phase, Trigger
+from checkpointd.core.config.registry import Effective, Source
+from checkpointd.core.engine.contents import TextDiff
+from checkpointd.core.engine.nesting import NestedWorkspace
+from checkpointd.core.engine.plans import PlanSummary
+from checkpointd.core.engine.requests import Checkpoint, Scope
+from checkpointd.core.kernel.errors import InvalidArgument, Reason
+from checkpointd.core.kernel.vocabulary import Phase, Trigger
+from checkpointd.core.maintenance.fsck import FindingKind, FsckReport
+from checkpointd.core.store.tree import Change, Entry, EntryKind
 
 E = TypeVar("E", bound=enum.Enum)
 

@@ -14,7 +14,7 @@ from grpc_status import rpc_status
 
 from checkpointd.api.errors import to_status
 from checkpointd.api.interceptors import MethodWrapper, abort, abort_async, is_async
-from checkpointd.core.errors import Reason, Unavailable
+from checkpointd.core.kernel.errors import Reason, Unavailable
 
 
 class Drain:

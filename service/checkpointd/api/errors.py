@@ -8,7 +8,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from checkpoint.v1 import errors_pb2
 from checkpointd.api.convert import text
-from checkpointd.core.errors import CheckpointdError, Kind, Reason
+from checkpointd.core.kernel.errors import CheckpointdError, Kind, Reason
 
 DOMAIN = "checkpointd"
 _PREFIX = "ERROR_REASON_"

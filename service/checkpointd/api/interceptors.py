@@ -20,8 +20,8 @@ import grpc
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status, to_status
-from checkpointd.core.db import storage_exhausted
-from checkpointd.core.errors import CheckpointdError, InvalidArgument, Reason
+from checkpointd.core.kernel.errors import CheckpointdError, InvalidArgument, Reason
+from checkpointd.core.metadata.db import storage_exhausted
 
 log = logging.getLogger("checkpointd.rpc")
 

@@ -15,8 +15,8 @@ from checkpoint.v1 import admin_service_pb2 as pb
 from checkpoint.v1 import admin_service_pb2_grpc as pb_grpc
 from checkpointd.commands import render
 from checkpointd.commands.connection import ConnectionOptionsError, connect
-from checkpointd.core.db import DatabaseUrlError
-from checkpointd.core.fsck import CannotCheck, FsckReport, Problem, check_data_dir
+from checkpointd.core.maintenance.fsck import CannotCheck, FsckReport, Problem, check_data_dir
+from checkpointd.core.metadata.db import DatabaseUrlError
 from checkpointd.defaults import default_data_dir
 from checkpointd_client import CheckpointdRpcError
 

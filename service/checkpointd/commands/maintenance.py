@@ -10,13 +10,14 @@ from rich.table import Table
 
 from checkpointd.commands import render
 from checkpointd.commands.failures import on_interrupt
-from checkpointd.core.checkpoints import Checkpoints, EngineSettings
-from checkpointd.core.config import ConfigStore
-from checkpointd.core.db import Database
-from checkpointd.core.db_store import open_store
-from checkpointd.core.retention import GcAborted, Maintenance, MaintenanceReport, store_footprint
-from checkpointd.core.store import ContentStore
-from checkpointd.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import EngineSettings
+from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport, store_footprint
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.db_store import open_store
 from checkpointd.server import ServerSettings
 
 

@@ -9,10 +9,10 @@ from rich import box
 from rich.table import Table
 
 from checkpointd.commands import render
-from checkpointd.core.db import Database
-from checkpointd.core.db_store import open_store
-from checkpointd.core.usage import StoreUsage, store_usage
-from checkpointd.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.core.maintenance.usage import StoreUsage, store_usage
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.db_store import open_store
 from checkpointd.server import ServerSettings
 
 

@@ -4,8 +4,8 @@ the transaction it already opened (and, on PostgreSQL, under its advisory lock).
 from alembic import context
 from sqlmodel import SQLModel
 
-from checkpointd.core import models  # noqa: F401 - registers the tables
-from checkpointd.core.db import SCHEMA_VERSION_TABLE
+from checkpointd.core.metadata import models  # noqa: F401 - registers the tables
+from checkpointd.core.metadata.db import SCHEMA_VERSION_TABLE
 
 if context.is_offline_mode():
     raise RuntimeError("checkpointd migrations run online only: start the server, or call Database.migrate()")

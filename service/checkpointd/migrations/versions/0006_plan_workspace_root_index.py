@@ -1,5 +1,5 @@
 """An index on plans.workspace_root, so that a rollback finds the plans whose workspaces nest in or
-around its own by equality lookups (see core/nesting.py) instead of reading every plan. A hash
+around its own by equality lookups (see core/engine/nesting.py) instead of reading every plan. A hash
 index on PostgreSQL: equality is all it serves, and it has no limit on the key's length (a B-tree
 entry must fit in a third of a page, and a root may be 4096 bytes).
 

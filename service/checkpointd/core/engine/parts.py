@@ -1,0 +1,98 @@
+"""The parts every use case works with, built once per engine: the database and content store,
+the snapshot engine (stat index, watcher, capturer), the restorer, the plan registry, the
+rollback journal and the group commit of new checkpoints; and the steps they share."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from sqlmodel import Session
+
+from checkpointd.core.capture.capturer import Capturer
+from checkpointd.core.capture.snapshot import CaptureResult, Snapshotter
+from checkpointd.core.capture.stat_index import StatIndex
+from checkpointd.core.capture.watcher import Watcher
+from checkpointd.core.capture.watcher import available as watcher_available
+from checkpointd.core.config.registry import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
+from checkpointd.core.engine.plan_registry import PlanRegistry
+from checkpointd.core.engine.records import KnownPlan, write_checkpoints
+from checkpointd.core.engine.requests import EngineSettings
+from checkpointd.core.kernel import validation
+from checkpointd.core.kernel.errors import InvalidArgument, NotFound, Reason
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.models import CheckpointRow, PlanRow
+from checkpointd.core.restore.journal import RollbackJournal
+from checkpointd.core.restore.restorer import Restorer
+from checkpointd.core.store.content_store import Batch, ContentStore
+from checkpointd.core.store.tree import Trees
+from checkpointd.core.workspace.workspace import Workspace, validate_relpath
+
+log = logging.getLogger("checkpointd.engine")
+
+
+class EngineParts:
+    def __init__(self, db: Database, store: ContentStore, config: ConfigStore, settings: EngineSettings) -> None:
+        self.db = db
+        self.store = store
+        self.config = config
+        self.settings = settings
+        self.trees = Trees(store)
+        engine_dir = Path(settings.data_dir) / "engine"
+        self.snapshotter = Snapshotter(store, self.trees, StatIndex(engine_dir / "stat-index.sqlite"))
+        self.watcher: Watcher | None = None
+        if settings.watcher and watcher_available():
+            self.watcher = Watcher()
+        elif settings.watcher:
+            log.warning("file watching is unavailable here (needs Linux inotify and inotify_simple); "
+                        "every capture scans its whole workspace")
+        self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
+        self.restorer = Restorer(store, self.trees)
+        self.registry = PlanRegistry(db, settings.allowed_roots)
+        self.new_checkpoints = db.group_commit(write_checkpoints)
+        self._data_dir = os.path.realpath(settings.data_dir)
+        self.journal = RollbackJournal(db)
+
+    def close(self) -> None:
+        """Writes what waits in the group commit, then stops the snapshot engine's reader
+        processes; a capture still running reads its files itself."""
+        self.new_checkpoints.close()
+        self.capturer.close()
+        self.snapshotter.close()
+
+    def _excluded_paths(self, root: str) -> list[str]:
+        """The server's own data directory is never captured, even inside a workspace."""
+        data = self._data_dir
+        if data == root or data.startswith(root + "/"):
+            return [os.path.relpath(data, root)] if data != root else []
+        return []
+
+    def _capture_settings(self, plan_id: str) -> tuple[list[str], int]:
+        values = self.config.resolve_many([IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES], plan_id)
+        return values[IGNORE_PATTERNS].value, values[MAX_FILE_SIZE_BYTES].value
+
+    def capture(self, plan: PlanRow | KnownPlan, batch: Batch) -> tuple[CaptureResult, list[str], list[str]]:
+        workspace = Workspace(plan.workspace_root)
+        patterns, max_size = self._capture_settings(plan.plan_id)
+        excluded = self._excluded_paths(plan.workspace_root)
+        return self.capturer.capture(workspace, patterns, excluded, max_size, batch), patterns, excluded
+
+    @staticmethod
+    def load(session: Session, checkpoint_id: str) -> CheckpointRow:
+        row = session.get(CheckpointRow, checkpoint_id)
+        if row is None:
+            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} not found",
+                           checkpoint_id=checkpoint_id)
+        return row
+
+    def state(self, row: CheckpointRow) -> bytes:
+        return self.store.read_bytes(row.state_digest) if row.state_digest else b""
+
+
+def path_subset(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The paths a diff or rollback is limited to, validated."""
+    if len(paths) > validation.MAX_PATHS:
+        raise InvalidArgument(Reason.FIELD_TOO_LONG, f"at most {validation.MAX_PATHS} paths", field="paths",
+                              limit=validation.MAX_PATHS)
+    return tuple(validate_relpath(p.rstrip("/") if p != "/" else p) for p in paths)

@@ -1,0 +1,119 @@
+"""The plan registry: the plans a server remembers (their workspace roots, recorded on first
+mention and never changed) and the per-plan lock that serializes a plan's operations."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
+
+from checkpointd.core.engine.plan_locks import PlanLocks
+from checkpointd.core.engine.records import KnownPlan
+from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Reason
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.models import PlanRow
+
+#: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
+MAX_REMEMBERED_PLANS = 100_000
+
+
+class PlanRegistry:
+    def __init__(self, db: Database, allowed_roots: tuple[str, ...]) -> None:
+        self.db = db
+        self._plans: dict[str, KnownPlan] = {}
+        self._plans_guard = threading.Lock()
+        #: In-process plan locks; a call from the event loop never waits for one in a thread.
+        self.locks = PlanLocks()
+        self._allowed = tuple(os.path.realpath(r) for r in allowed_roots)
+
+    def try_lock(self, plan_id: str) -> Callable[[], None] | None:
+        """The plan's lock if no other operation holds or awaits it (for an event loop, on
+        SQLite: no advisory lock): its release, else None."""
+        return self.locks.try_acquire(plan_id)
+
+    @contextmanager
+    def lock(self, plan_id: str) -> Iterator[None]:
+        """Serializes one plan's operations, capture to commit: this process's callers queue on an
+        in-process lock (holding no database connection; see ``PlanLocks`` for callers on the event
+        loop), then replicas on a database advisory lock."""
+        with self.locks.hold(plan_id), self.db.advisory_lock(f"plan:{plan_id}"):
+            yield
+
+    def remembered(self, plan_id: str) -> KnownPlan | None:
+        return self._plans.get(plan_id)
+
+    def forget(self, plan_id: str) -> None:
+        with self._plans_guard:
+            self._plans.pop(plan_id, None)
+
+    def resolve_root(self, raw: str) -> str:
+        if not os.path.isabs(raw) or "\0" in raw:
+            raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, "workspace_root must be an absolute path",
+                                  workspace_root=raw[:512])
+        real = os.path.realpath(raw)
+        if not any(real == a or real.startswith(a.rstrip("/") + "/") for a in self._allowed):
+            allowed = os.pathsep.join(self._allowed)
+            raise PermissionDenied(Reason.WORKSPACE_ROOT_NOT_ALLOWED,
+                                   f"workspace_root {raw[:512]!r} is outside the server's allowed workspace roots "
+                                   f"(allowed: {allowed}); to allow another, restart the server with one more "
+                                   f"--workspace-root DIR (or add it to CHECKPOINTD_WORKSPACE_ROOT, "
+                                   f"'{os.pathsep}'-separated)",
+                                   workspace_root=raw[:512], allowed_workspace_roots=allowed)
+        if not os.path.isdir(real):
+            raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, f"workspace_root {raw!r} is not a directory",
+                                  workspace_root=raw[:512])
+        return real
+
+    def known(self, plan_id: str, raw_root: str) -> KnownPlan:
+        """The plan (created on first use, its workspace root recorded on first mention).
+
+        Plans are remembered. A recorded root never changes, but another replica may record one
+        for a plan remembered without; the checkpoint's write detects that (``PlanRootRecorded``),
+        and ``create`` forgets the plan and captures again.
+        """
+        root = self.resolve_root(raw_root) if raw_root else None
+        known = self._plans.get(plan_id)
+        if known is not None and root is None:
+            return known
+        if known is not None and known.workspace_root is not None:
+            if root != known.workspace_root:
+                raise self._root_mismatch(plan_id, root, known.workspace_root)
+            return known
+        with self.db.session() as session:
+            plan = self._plan_row(session, plan_id, root)
+            known = KnownPlan(plan.plan_id, plan.workspace_root)
+        with self._plans_guard:
+            self._plans[plan_id] = known
+            # The oldest remembered plan goes first: forgetting one costs a read when it is next used.
+            while len(self._plans) > MAX_REMEMBERED_PLANS:
+                del self._plans[next(iter(self._plans))]
+        return known
+
+    @staticmethod
+    def _root_mismatch(plan_id: str, root: str | None, recorded: str | None) -> FailedPrecondition:
+        return FailedPrecondition(Reason.WORKSPACE_ROOT_MISMATCH,
+                                  f"plan {plan_id} already has workspace_root {recorded!r}",
+                                  workspace_root=root, plan_workspace_root=recorded)
+
+    def _plan_row(self, session: Session, plan_id: str, root: str | None) -> PlanRow:
+        plan = session.get(PlanRow, plan_id)
+        if plan is None:
+            plan = PlanRow(plan_id=plan_id, workspace_root=root)
+            session.add(plan)
+            try:
+                session.commit()
+            except IntegrityError:
+                session.rollback()
+                plan = session.get(PlanRow, plan_id)
+        if root is not None:
+            if plan.workspace_root is None:
+                plan.workspace_root = root
+                session.add(plan)
+                session.commit()
+            elif plan.workspace_root != root:
+                raise self._root_mismatch(plan_id, root, plan.workspace_root)
+        return plan

@@ -1,0 +1,187 @@
+"""Rollbacks left unfinished (a process died, or one gave up part-way): finished or undone
+before anything else is done with their plan, and at start-up before the server serves."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from sqlalchemy import delete
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session
+
+from checkpointd.core.engine.idempotency import forget_rollback
+from checkpointd.core.engine.parts import EngineParts
+from checkpointd.core.engine.records import OPERATIONS, NewCheckpoint, new_row, write_checkpoints
+from checkpointd.core.engine.restoring import plan_restore, safety_state, seen_by_capture
+from checkpointd.core.kernel.errors import CheckpointdError, Reason, RollbackUnfinished
+from checkpointd.core.kernel.faults import Point, crash_point
+from checkpointd.core.kernel.vocabulary import Phase, Trigger
+from checkpointd.core.metadata.models import CheckpointRow, PlanRow, RollbackJournalRow
+from checkpointd.core.metadata.rows import CoreRows
+from checkpointd.core.restore.journal import (
+    LEGACY_DIRECTORY,
+    Goal,
+    JournalEntry,
+    legacy_entries,
+    remove_legacy_directory,
+)
+from checkpointd.core.restore.restorer import ApplyInterrupted
+from checkpointd.core.workspace.workspace import Workspace
+
+log = logging.getLogger("checkpointd.engine")
+
+JOURNAL = RollbackJournalRow.__table__
+
+
+class Recovery:
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+
+    def take_over(self, plan_id: str) -> JournalEntry | None:
+        """Finishes (or undoes) the plan's unfinished rollback before anything else is done with the
+        plan: one this process gave up on, or one a process (another replica's) left when it died.
+        Called with the plan's lock and the store's fence held. Returns the entry if it is still
+        unfinished (it could not be finished now: the next taker tries again)."""
+        journal = self.parts.journal
+        if not journal.may_have(plan_id):
+            return None
+        entry = journal.get(plan_id)
+        if entry is None:
+            return None
+        log.warning("finishing the unfinished rollback of plan %s (goal: %s checkpoint %s)", plan_id,
+                    entry.goal.value, entry.goal_checkpoint_id)
+        try:
+            self.resume(entry)
+        except (CheckpointdError, ApplyInterrupted, OSError, SQLAlchemyError) as exc:
+            log.error("could not finish the unfinished rollback of plan %s (%s); safety checkpoint %s holds the "
+                      "workspace as it was before it; tried again when the plan is next used", plan_id, exc,
+                      entry.safety_checkpoint_id)
+            forget_rollback(self.parts.db, entry.request_id)
+            return entry
+        return None
+
+    @contextlib.contextmanager
+    def deleting(self, plan_id: str) -> Iterator[None]:
+        """The plan's lock, for deleting some of its checkpoints: its unfinished rollback is
+        finished first; one that cannot be finished now refuses every deletion in the plan
+        (RollbackUnfinished), which would otherwise take its target or its safety checkpoint, the
+        only record of the workspace before it."""
+        with self.parts.registry.lock(plan_id), self.parts.store.referencing():
+            entry = self.take_over(plan_id)
+            if entry is not None:
+                raise RollbackUnfinished(
+                    Reason.ROLLBACK_CONFLICT,
+                    f"plan {plan_id} has an interrupted rollback (to checkpoint {entry.target_checkpoint_id}) "
+                    f"that could not be finished now; its checkpoints are kept until it is (safety checkpoint "
+                    f"{entry.safety_checkpoint_id} holds the workspace from before it)",
+                    plan_id=plan_id, checkpoint_id=entry.safety_checkpoint_id)
+            yield
+
+    def resume(self, entry: JournalEntry) -> None:
+        """Brings the paths an unfinished rollback covers to its goal (the target; for an undo, the
+        safety checkpoint, at the paths that still hold what the rollback wrote), then drops its
+        entry. If the workspace is no longer what the safety checkpoint holds (the rollback got
+        part-way, or someone wrote since), it is recorded as a new safety checkpoint first. An
+        entry whose plan moved on is dropped unapplied. Called with the plan's lock and the store's
+        ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
+        parts = self.parts
+        workspace = Workspace(entry.workspace_root, entry.temp_tag)
+        for directory in entry.directories:
+            workspace.remove_temp_files(directory, entry.temp_tag)
+        with parts.db.session() as session:
+            plan = session.get(PlanRow, entry.plan_id)
+            goal = session.get(CheckpointRow, entry.goal_checkpoint_id)
+            if plan is None or plan.workspace_root != entry.workspace_root:
+                self.drop(entry, "its plan or the plan's workspace is gone")
+                return
+            if plan.last_sequence > entry.last_sequence:
+                self.drop(entry, f"the plan moved on (checkpoint {plan.last_sequence} is newer than "
+                                 f"{entry.last_sequence}, the last this rollback recorded)")
+                return
+            if goal is None or not goal.tree_digest:
+                self.drop(entry, f"checkpoint {entry.goal_checkpoint_id} is gone")
+                return
+            with parts.store.batch() as batch:
+                capture, patterns, excluded = parts.capture(plan, batch)
+                changes = plan_restore(parts, plan.workspace_root, capture, goal, entry.paths, batch, entry.written)
+                record = bool(changes) and capture.tree != entry.safety_tree
+                state_digest, state_size = (safety_state(session, entry.plan_id, b"", batch) if record
+                                            else (None, 0))
+            seen = seen_by_capture(parts, plan.workspace_root, changes)
+            if record:
+                verb = "finishing" if entry.goal is Goal.COMPLETE else "undoing"
+                safety = new_row(plan, capture, patterns, excluded, state_digest, state_size,
+                                 phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,
+                                 source_tool="checkpointd",
+                                 description=f"before {verb} the interrupted rollback to "
+                                             f"{entry.target_checkpoint_id}",
+                                 labels={"rollback_target": goal.checkpoint_id},
+                                 rollback_target_checkpoint_id=goal.checkpoint_id)
+                write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
+                parts.journal.put(replace(entry, last_sequence=safety.sequence), session)
+                session.commit()
+                parts.capturer.record(plan.workspace_root, capture.tree)
+            if changes:
+                parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE)
+        crash_point(Point.ROLLBACK_APPLIED)
+        parts.journal.remove(entry.plan_id)
+
+    def drop(self, entry: JournalEntry, why: str, session: Session | None = None) -> None:
+        """Drops an entry without applying it (its temporary files are gone already). A rollback
+        not finished must not be replayed as done: its request_id's record goes too."""
+        log.warning("dropping the unfinished rollback of plan %s to %s: %s", entry.plan_id,
+                    entry.target_checkpoint_id, why)
+        if session is not None:
+            session.connection().execute(delete(JOURNAL).where(JOURNAL.c.plan_id == entry.plan_id))
+            if entry.request_id:
+                session.connection().execute(delete(OPERATIONS).where(
+                    OPERATIONS.c.request_id == entry.request_id, OPERATIONS.c.method == "Rollback"))
+            return
+        forget_rollback(self.parts.db, entry.request_id)
+        self.parts.journal.remove(entry.plan_id)
+
+    def recover_interrupted_rollbacks(self) -> list[str]:
+        """Finishes (or undoes) the rollbacks left unfinished (by this server's previous process, or,
+        on PostgreSQL, by a replica that died), after importing the journal files a server before the
+        database journal left. Runs before the server serves. Returns the plans it could not finish:
+        they are tried again when next used."""
+        parts = self.parts
+        self._import_legacy_journal(Path(parts.settings.data_dir) / LEGACY_DIRECTORY)
+        stuck = []
+        for plan_id in parts.journal.plan_ids():
+            with parts.registry.lock(plan_id), parts.store.referencing():
+                if self.take_over(plan_id) is not None:
+                    stuck.append(plan_id)
+        return stuck
+
+    def _import_legacy_journal(self, directory: Path) -> None:
+        """Moves the journal files of a server before the database journal into the database."""
+        parts = self.parts
+        for path, entry in legacy_entries(directory):
+            if isinstance(entry, Exception):
+                log.error("the rollback journal file %s is unreadable (%s); dropping it", path, entry)
+                path.unlink(missing_ok=True)
+                continue
+            with parts.registry.lock(entry.plan_id), parts.db.session() as session:
+                safety = session.get(CheckpointRow, entry.safety_checkpoint_id)
+                if safety is None:
+                    # Its server wrote the file before the safety checkpoint: nothing had changed.
+                    workspace = Workspace(entry.workspace_root)
+                    for directory_path in entry.directories:
+                        with contextlib.suppress(CheckpointdError, OSError):
+                            workspace.remove_temp_files(directory_path, entry.temp_tag)
+                    log.info("the rollback of plan %s to %s stopped before its safety checkpoint committed; "
+                             "nothing had changed", entry.plan_id, entry.target_checkpoint_id)
+                elif parts.journal.may_have(entry.plan_id) and parts.journal.get(entry.plan_id) is not None:
+                    log.warning("dropping the old journal file of plan %s: the database has a newer entry",
+                                entry.plan_id)
+                else:
+                    parts.journal.put(replace(entry, last_sequence=safety.sequence), session)
+                    session.commit()
+                    parts.journal.added(entry.plan_id)
+            path.unlink(missing_ok=True)
+        remove_legacy_directory(directory)

@@ -1,0 +1,99 @@
+"""The steps a rollback and the recovery of an unfinished one share: planning the changes that
+bring a workspace to a checkpoint, noting what the planning capture saw, and the state a
+safety checkpoint records."""
+
+from __future__ import annotations
+
+import errno
+
+from sqlmodel import Session, col, select
+
+from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
+from checkpointd.core.capture.snapshot import CaptureResult
+from checkpointd.core.capture.stat_index import Indexed
+from checkpointd.core.engine.parts import EngineParts
+from checkpointd.core.kernel.errors import FailedPrecondition, Reason
+from checkpointd.core.metadata.models import CheckpointRow
+from checkpointd.core.restore.restorer import holds
+from checkpointd.core.store.content_store import Batch
+from checkpointd.core.store.tree import Change, Entry, EntryKind
+from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Workspace
+
+
+def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: CheckpointRow,
+                 subset: tuple[str, ...], batch: Batch,
+                 written: tuple[tuple[str, Entry | None], ...] | None = None) -> list[Change]:
+    """The changes that bring ``subset`` of the workspace to ``goal`` (with ``written``: only
+    at paths that still hold what a rollback wrote there); first adds to ``capture`` whatever
+    they would replace that the capture left out (ignored or skipped now)."""
+    workspace = Workspace(root)
+    keep = None
+    if written is not None:
+        wrote = dict(written)
+
+        def keep(change: Change) -> bool:
+            return change.path in wrote and holds(change.base, wrote[change.path])
+
+    try:
+        uncaptured = parts.restorer.find_uncaptured(workspace, capture.tree, goal.tree_digest, subset)
+        if uncaptured:
+            extra = parts.snapshotter.capture_paths(workspace, uncaptured, batch)
+            capture.tree = parts.trees.apply(batch, capture.tree, extra)
+            capture.file_count += sum(e.kind is not EntryKind.DIR for e in extra.values())
+            capture.total_size += sum(e.size for e in extra.values())
+            capture.skipped = [s for s in capture.skipped if s.path not in extra]
+        return parts.restorer.plan(workspace, capture.tree, goal.tree_digest, _target_rules(parts, goal),
+                                   {s[0] for s in goal.skipped}, subset, keep)
+    except Inaccessible as exc:
+        raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
+                                 f"cannot roll back: {exc.path!r} cannot be read ({exc.cause.strerror}); "
+                                 "nothing was changed", path=exc.path, errno=errno_name(exc.cause)) from exc
+    except (UnsafePath, FileNotFoundError, NotADirectoryError) as exc:
+        raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
+                                 f"the workspace changed while the rollback was being planned ({exc}); "
+                                 "nothing was changed", path=str(exc)[:512]) from exc
+
+
+def _target_rules(parts: EngineParts, row: CheckpointRow) -> IgnoreRules:
+    def load(directory: str) -> bytes | None:
+        entry = parts.trees.lookup(row.tree_digest, f"{directory}/{GITIGNORE}" if directory else GITIGNORE)
+        if entry is None or entry.kind is not EntryKind.FILE or entry.size > MAX_GITIGNORE_BYTES:
+            return None
+        return parts.store.read_bytes(entry.digest)
+
+    return IgnoreRules(row.ignore_patterns, load, row.excluded_paths)
+
+
+def seen_by_capture(parts: EngineParts, root: str | None, changes: list[Change]) -> dict[str, Indexed]:
+    """What the capture that planned ``changes`` saw of each file they replace or remove: the
+    stat index's entry, when it is the one the capture used (same digest)."""
+    if not root or not changes:
+        return {}
+    index = parts.snapshotter.index.for_root(root)
+    seen = {}
+    for change in changes:
+        base = change.base
+        if base is not None and base.kind is EntryKind.FILE:
+            known = index.get(change.path)
+            if known is not None and known.digest == base.digest and known.size == base.size:
+                seen[change.path] = known
+    return seen
+
+
+def safety_state(session: Session, plan_id: str, current: bytes, batch: Batch) -> tuple[str | None, int]:
+    if current:
+        return batch.put_bytes(current), len(current)
+    return newest_state(session, plan_id)
+
+
+def newest_state(session: Session, plan_id: str) -> tuple[str | None, int]:
+    # Two columns, not the row: loading a whole checkpoint costs twice the query.
+    newest = session.exec(select(CheckpointRow.state_digest, CheckpointRow.state_size_bytes)
+                          .where(CheckpointRow.plan_id == plan_id)
+                          .order_by(col(CheckpointRow.sequence).desc()).limit(1)).first()
+    return (newest[0], newest[1]) if newest else (None, 0)
+
+
+def errno_name(error: BaseException) -> str:
+    number = getattr(error, "errno", None)
+    return errno.errorcode.get(number, str(number)) if number is not None else ""

@@ -1,0 +1,102 @@
+"""An advisory lock on the data directory, so that garbage collection never runs beside a
+process it cannot fence.
+
+The GC fence (ContentStore.collecting) only covers writers in the same process. Servers
+therefore hold the lock shared, a server that runs periodic GC holds it exclusively, and
+the offline ``checkpointd gc`` holds it exclusively: a GC never shares the store with a
+writer in another process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import Self
+
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.store.db_store import StoreKind
+
+log = logging.getLogger("checkpointd")
+LOCK_NAME = "checkpointd.lock"
+
+
+def needs_data_dir_lock(store: str, db: Database) -> bool:
+    """Whether GC must be fenced from other processes by the data dir lock: always for the
+    disk store; for the database store only on SQLite (on PostgreSQL its own fence spans replicas)."""
+    return store == StoreKind.DISK.value or db.is_sqlite
+
+
+class DataDirBusy(RuntimeError):
+    """Another process holds the data directory in a conflicting mode."""
+
+
+class _FileLock:
+    """A non-blocking flock on one file; refused at once with DataDirBusy when taken."""
+
+    #: What is unprotected when the file system cannot lock at all (logged, not fatal).
+    protection = ""
+
+    def __init__(self, path: Path, exclusive: bool) -> None:
+        self.path = path
+        self.exclusive = exclusive
+        self._fd: int | None = None
+
+    def acquire(self) -> Self:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirBusy(self._busy_message()) from None
+        except OSError as exc:
+            log.warning("cannot lock %s (%s); %s is off", self.path, exc.strerror, self.protection)
+        self._fd = fd
+        return self
+
+    def _busy_message(self) -> str:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        return self.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+class DataDirLock(_FileLock):
+    protection = "cross-process GC protection"
+
+    def __init__(self, data_dir: Path, exclusive: bool) -> None:
+        super().__init__(data_dir / LOCK_NAME, exclusive)
+
+    def _busy_message(self) -> str:
+        if self.exclusive:
+            return (f"{self.path.parent} is in use by another checkpointd process; garbage collection needs it "
+                    "alone (stop the other process, or run GC inside the one server with --gc-interval)")
+        return f"{self.path.parent} is locked by a garbage collection (checkpointd gc or a server with --gc-interval)"
+
+
+class ServingLock(_FileLock):
+    """One server per SQLite database, held for as long as it serves: what it keeps in memory
+    (resolved config, known plans, the content store's index) assumes that no other server
+    writes the database. Offline commands do not take it."""
+
+    protection = "the one-server-per-database check"
+
+    def __init__(self, database: Path) -> None:
+        super().__init__(database.with_name(database.name + ".serving.lock"), exclusive=True)
+        self.database = database
+
+    def _busy_message(self) -> str:
+        return (f"the SQLite database {self.database} is already served by another checkpointd; SQLite takes one "
+                "server per database (run several replicas on PostgreSQL, see README)")

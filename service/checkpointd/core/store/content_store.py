@@ -1,0 +1,696 @@
+"""Content-addressed, deduplicated object store shared by all plans.
+
+Objects are named by the SHA-256 of their content. Small objects (up to 1 MiB: nearly
+every file and every tree node) are appended to pack files, ``packs/pack-NNNNNN.pack``;
+creating one file per object costs far more than writing it on most file systems, and a
+pack is made durable by a single ``fdatasync``. Larger objects are streamed to their own
+file, ``objects/ab/cdef…`` ("loose"), which is also where stores written before packs
+keep everything; both kinds are read the same way.
+
+Writes go through a ``Batch``. Its objects are readable at once but counted as stored
+(``has``) only once ``Batch.commit`` has made them durable: the pack is synced (one
+``fdatasync`` shared by every batch committing at that moment), large objects are synced
+and renamed from the staging directory to their final names. A caller commits metadata
+that references objects only after ``Batch.commit`` returns.
+
+A pack record is ``digest (32 bytes) | kind (1) | length (4, big-endian) | body``; kind
+``R`` is raw content, ``S`` zstd, ``Z`` zlib (written before zstd, still read), ``Y`` a delta
+(zstd), ``X`` a zlib delta (written before zstd deltas, still read), ``D`` a deletion (no body).
+Each pack's header carries the length known to be durable; on open, records past it are
+verified and a torn tail is cut off.
+
+Packs are replayed in order on open, the last record of a digest winning and a deletion
+(tombstone) ending every record of it before. A compaction that removes a pack therefore
+carries its tombstones forward while an older pack may still hold a record they end, and
+once every pack is read, a delta whose chain of bases does not end in a stored whole object
+is dropped (an earlier record of the same object that resolves is used instead): an object
+is never counted as stored when it cannot be read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.errors import DataLoss, Reason
+from checkpointd.core.store.compaction import Compaction
+from checkpointd.core.store.pack_replay import PackReplay
+from checkpointd.core.store.packs import (
+    BODY_ERRORS,
+    DELTA,
+    DELTA_HEADER,
+    DELTAS,
+    PACK_HEADER,
+    PACK_MAGIC,
+    ZSTD_DELTA,
+    Location,
+    Pack,
+    Recovery,
+    dead_key,
+    fsync_dir,
+    storage_error,
+    zstd_decompress,
+)
+from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
+
+log = logging.getLogger("checkpointd.store")
+
+MAX_DELTA_DEPTH = 16
+_ZSTD_DELTA_LEVEL = 3
+_CHUNK = 1 << 20
+
+#: A pack stops taking new records past this size; a new one is started. Tests shrink it
+#: (``CHECKPOINTD_PACK_ROTATE_BYTES``) to make a server rotate and compact packs within a test.
+PACK_ROTATE_BYTES = int(os.environ.get("CHECKPOINTD_PACK_ROTATE_BYTES") or 256 << 20)
+#: How many large objects a commit syncs one by one before a whole-file-system sync is cheaper.
+_SYNCFS_THRESHOLD = 16
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _syncfs(fd: int) -> None:
+    """Flush one file system (Linux syncfs); falls back to a global sync elsewhere."""
+    syncfs = getattr(_libc, "syncfs", None)
+    if syncfs is None or syncfs(fd) != 0:
+        os.sync()
+
+
+def digest_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class SharedExclusiveLock:
+    """Many holders of the shared side, or one of the exclusive side (writers first, or, with a
+    patience, as long as no shared holder looks stuck)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        #: Shared holders: token -> when it entered (monotonic seconds).
+        self._holders: dict[int, float] = {}
+        self._tokens = itertools.count()
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            token = self._enter()
+        try:
+            yield
+        finally:
+            self._release_shared(token)
+
+    def try_shared(self) -> Callable[[], None] | None:
+        """The shared side if it can be had without waiting: its release, else None."""
+        with self._cond:
+            if self._exclusive:
+                return None
+            token = self._enter()
+        return functools.partial(self._release_shared, token)
+
+    def _enter(self) -> int:
+        token = next(self._tokens)
+        self._holders[token] = time.monotonic()
+        return token
+
+    def _release_shared(self, token: int) -> None:
+        with self._cond:
+            del self._holders[token]
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self, patience: float | None = None) -> Iterator[None]:
+        """Without ``patience``, waits as long as the shared holders take, holding back new ones.
+        With it, raises ``Postponed`` rather than wait on a holder that looks stuck (see ``_take``)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            if patience is None:
+                self._exclusive = True
+                self._cond.wait_for(lambda: not self._holders)
+            elif not self._take(patience):
+                raise Postponed(f"a holder of the shared side has held it for over {patience:g}s")
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+    def _take(self, patience: float) -> bool:
+        """Called with ``_cond`` held. First waits up to ``patience`` for a moment with no shared
+        holder, holding back no one; then holds back new holders while the present ones finish,
+        unless one of them has held the lock for ``patience`` already (it entered before the wait
+        began and may never leave), and gives up once one has. New holders are so held back for
+        less than ``patience``, and never behind a holder that was stuck when this began."""
+        if self._cond.wait_for(lambda: not self._holders, timeout=patience):
+            self._exclusive = True
+            return True
+        self._exclusive = True
+        while self._holders:
+            stuck_at = min(self._holders.values()) + patience
+            remaining = stuck_at - time.monotonic()
+            if remaining <= 0:
+                self._exclusive = False
+                self._cond.notify_all()
+                return False
+            self._cond.wait(remaining)
+        return True
+
+
+class Postponed(RuntimeError):
+    """The exclusive side was not taken within its patience: a shared holder may be stuck."""
+
+
+class ContentStore(PackReplay, Compaction):
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.objects = root / "objects"
+        self.staging = root / "staging"
+        self.packs_dir = root / "packs"
+        for directory in (self.objects, self.staging, self.packs_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._clear_staging()
+        #: Committed objects: durable, counted by ``has``.
+        self._committed: dict[str, Location] = {}
+        #: Objects written by open batches, readable before they are committed.
+        self._staged: dict[str, Location] = {}
+        self._staged_lock = threading.Lock()
+        self._gc_fence = SharedExclusiveLock()
+        self._packs: list[Pack] = []
+        self._active: Pack | None = None
+        self._pack_lock = threading.Lock()
+        #: Bytes of records in each pack that nothing indexes any more (deleted or superseded).
+        self._dead: dict[Pack, int] = {}
+        #: Which objects have such a dead record in each pack (the first 64 bits of their digest):
+        #: whether a compacted pack's tombstone still ends a record somewhere older.
+        self._dead_keys: dict[Pack, set[int]] = {}
+        #: Compacted packs, already unlinked; their fds stay open for reads still in flight.
+        self._retired: list[Pack] = []
+        #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
+        self.deletions = 0
+        #: base digest -> digests stored as deltas against it (rewritten in full before it is deleted)
+        self._dependents: dict[str, set[str]] = {}
+        self._index_loose()
+        self._open_packs()
+
+    def referencing(self) -> contextlib.AbstractContextManager[None]:
+        """Hold while writing objects and committing the metadata that references them:
+        an object found to exist (and so not rewritten) cannot be collected meanwhile."""
+        return self._gc_fence.shared()
+
+    def try_referencing(self) -> Callable[[], None] | None:
+        """``referencing`` without waiting (for an event loop): its release, or None while
+        garbage collection holds the store."""
+        return self._gc_fence.try_shared()
+
+    def collecting(self, patience: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Held by garbage collection: no checkpoint is between its objects and its row. With a
+        ``patience``, ``Postponed`` rather than wait on (and hold every other capture back behind)
+        a capture that has held ``referencing`` that long (see ``SharedExclusiveLock._take``)."""
+        return self._gc_fence.exclusive(patience)
+
+    def _clear_staging(self) -> None:
+        """Leftovers of an interrupted batch were never referenced; drop them."""
+        for leftover in self.staging.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+    def _index_loose(self) -> None:
+        loose = Location(None)
+        for fanout in self.objects.iterdir():
+            for obj in fanout.iterdir():
+                self._committed[fanout.name + obj.name] = loose
+
+    # -- packs --------------------------------------------------------------------------
+
+    def _open_packs(self) -> None:
+        recovery = Recovery()
+        for path in sorted(self.packs_dir.glob("pack-*.pack")):
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            pack = Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
+            self._recover(pack, recovery)
+            self._packs.append(pack)
+        if self._packs and self._packs[-1].appendable and self._packs[-1].size < PACK_ROTATE_BYTES:
+            self._active = self._packs[-1]
+        self._settle_deltas(recovery)
+
+    def _mark_dead(self, digest: str, location: Location) -> None:
+        """Counts a record nothing indexes any more (deleted, superseded, or never committed)."""
+        pack = location.pack
+        if pack is not None:
+            self._dead[pack] = self._dead.get(pack, 0) + RECORD.size + location.length
+            self._dead_keys.setdefault(pack, set()).add(dead_key(digest))
+
+    def _verifies(self, digest: str, location: Location) -> bool:
+        try:
+            return hashlib.sha256(self._unpack(location, location.pack.read(location))).hexdigest() == digest
+        except (OSError, *BODY_ERRORS, DataLoss):
+            return False
+
+    def _unpack(self, location: Location, body: bytes) -> bytes:
+        if location.kind == ZSTD:
+            return zstd_decompress(body)
+        if location.kind == ZLIB:
+            return zlib.decompress(body)
+        if location.kind == DELTA:
+            decompressor = zlib.decompressobj(zdict=self.read_bytes(location.base)[-32768:])
+            return decompressor.decompress(body[DELTA_HEADER.size:]) + decompressor.flush()
+        if location.kind == ZSTD_DELTA:
+            return zstd_decompress(body[DELTA_HEADER.size:], self.read_bytes(location.base))
+        return body
+
+    def _writable_pack(self) -> Pack:
+        active = self._active
+        if active is not None and active.size < PACK_ROTATE_BYTES:
+            return active
+        with self._pack_lock:
+            if self._active is None or self._active.size >= PACK_ROTATE_BYTES:
+                self._active = self._new_pack()
+                self._packs.append(self._active)
+            return self._active
+
+    def _new_pack(self) -> Pack:
+        """A new, empty pack: written and synced under a staging name, then renamed into place."""
+        number = (self._packs[-1].number + 1) if self._packs else 1
+        final = self.packs_dir / f"pack-{number:06d}.pack"
+        staged = self.staging / uuid.uuid4().hex
+        try:
+            fd = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise storage_error(exc) from exc
+        try:
+            os.write(fd, PACK_HEADER.pack(PACK_MAGIC, PACK_HEADER.size))
+            os.fsync(fd)
+            os.rename(staged, final)
+            fsync_dir(self.packs_dir)
+        except OSError as exc:
+            os.close(fd)
+            staged.unlink(missing_ok=True)
+            raise storage_error(exc) from exc
+        return Pack(final, number, fd, PACK_HEADER.size, PACK_HEADER.size)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def path_of(self, digest: str) -> Path:
+        """Where the object lives when it is loose (a large object, or a store written before packs)."""
+        return self.objects / digest[:2] / digest[2:]
+
+    def has(self, digest: str) -> bool:
+        """Whether the object is committed (durable) in the store."""
+        return digest in self._committed
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    def read_bytes(self, digest: str) -> bytes:
+        return b"".join(self.iter_chunks(digest))
+
+    def _locate(self, digest: str) -> Location | None:
+        location = self._committed.get(digest)
+        if location is None:
+            with self._staged_lock:
+                location = self._staged.get(digest)
+        return location
+
+    def _open_loose(self, digest: str):
+        """Opens a committed loose object, or one still staged by an open batch (looked up
+        twice: its batch may rename it to its final name in between)."""
+        for _ in range(2):
+            location = self._locate(digest)
+            candidates = [self.path_of(digest)]
+            if location is not None and isinstance(location, _StagedFile):
+                candidates.insert(0, location.path)
+            for candidate in candidates:
+                try:
+                    return open(candidate, "rb")  # noqa: SIM115 - the caller closes it
+                except FileNotFoundError:
+                    continue
+        raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is missing", digest=digest)
+
+    def iter_chunks(self, digest: str) -> Iterator[bytes]:
+        """Yields an object's content, verifying its digest as it goes."""
+        location = self._locate(digest)
+        if location is not None and location.pack is not None:
+            try:
+                data = self._unpack(location, location.pack.read(location))
+            except (OSError, *BODY_ERRORS) as exc:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
+                               digest=digest) from exc
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+            yield data
+            return
+        yield from self._iter_loose(digest)
+
+    def _iter_loose(self, digest: str) -> Iterator[bytes]:
+        f = self._open_loose(digest)
+        hasher = hashlib.sha256()
+        with f:
+            kind = f.read(1)
+            if kind == ZLIB:
+                data = zlib.decompress(f.read())
+                hasher.update(data)
+                chunks: Iterator[bytes] = iter((data,))
+            elif kind == RAW:
+                chunks = iter(lambda: f.read(_CHUNK), b"")
+            else:
+                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} has no header", digest=digest)
+            for chunk in chunks:
+                if kind == RAW:
+                    hasher.update(chunk)
+                yield chunk
+        if hasher.hexdigest() != digest:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+
+    def close(self) -> None:
+        """Closes the pack files (the store is unusable afterwards)."""
+        with self._pack_lock:
+            for pack in [*self._packs, *self._retired]:
+                with contextlib.suppress(OSError):
+                    os.close(pack.fd)
+            self._packs, self._retired, self._active = [], [], None
+
+    def stored_size(self, digest: str) -> int | None:
+        """Bytes a committed object takes in the store (compressed); None if it is not stored."""
+        location = self._committed.get(digest)
+        if location is None:
+            return None
+        if location.pack is not None:
+            return RECORD.size + location.length
+        try:
+            return self.path_of(digest).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def iter_digests(self) -> Iterator[str]:
+        yield from list(self._committed)
+
+    def damage(self) -> list[tuple[str, str]]:
+        """What is wrong with the store's bookkeeping, as (subject, detail): a pack file
+        shorter than the records indexed in it, or missing; a delta whose base is not stored.
+        Opening a store cuts torn tails off and drops deltas that do not resolve, so this finds
+        only what changed underneath a store since (or a defect of its own)."""
+        found = []
+        with self._pack_lock:
+            packs = list(self._packs)
+        for pack in packs:
+            indexed = pack.size  # read before the file's size: appends only move both forward
+            try:
+                on_disk = os.stat(pack.path).st_size
+            except OSError as exc:
+                found.append((pack.path.name, f"cannot be read: {exc.strerror}"))
+                continue
+            if on_disk < indexed:
+                found.append((pack.path.name, f"holds {on_disk} bytes but records are indexed up to {indexed}"))
+            elif pack.damaged_at is not None:
+                found.append((pack.path.name, f"cannot be read from offset {pack.damaged_at}, within its durable "
+                                              f"part: {on_disk - pack.damaged_at} bytes left in place, not indexed"))
+        for digest, location in list(self._committed.items()):
+            if location.kind in DELTAS and location.base not in self._committed:
+                found.append((digest, f"is stored as a delta of {location.base}, which is not stored"))
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class _StagedFile(Location):
+    """A large object written to the staging directory by an open batch."""
+
+    path: Path = Path()
+
+
+class Batch:
+    """Objects written together and made durable together (see module docstring)."""
+
+    _rename_lock = threading.Lock()
+
+    def __init__(self, store: ContentStore) -> None:
+        self.store = store
+        self._pending: dict[str, Location] = {}
+        self._pack_ends: dict[Pack, int] = {}
+        self._finished: list[Callable[[bool], None]] = []
+        #: Several threads of one capture may write into the same batch.
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def when_finished(self, callback: Callable[[bool], None]) -> None:
+        """Calls ``callback(committed)`` once the batch is committed (True) or aborted (False)."""
+        self._finished.append(callback)
+
+    def _known(self, digest: str) -> bool:
+        return digest in self._pending or digest in self.store._committed
+
+    def _publish(self, digest: str, location: Location) -> bool:
+        """Records a written object; False when another thread of this batch was first."""
+        return bool(self._publish_all([(digest, location)]))
+
+    def _publish_all(self, written: list[tuple[str, Location]]) -> list[tuple[str, Location]]:
+        """Records written objects; returns those no other thread of this batch was first with."""
+        published = []
+        with self._lock:
+            for digest, location in written:
+                if digest in self._pending:
+                    continue
+                self._pending[digest] = location
+                published.append((digest, location))
+                if location.pack is not None:
+                    end = location.offset + location.length
+                    if self._pack_ends.get(location.pack, 0) < end:
+                        self._pack_ends[location.pack] = end
+        with self.store._staged_lock:
+            for digest, location in published:
+                self.store._staged.setdefault(digest, location)
+        return published
+
+    def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
+        """Stores ``data``; ``similar`` names a stored object like it (its previous version),
+        which it may be stored as a delta against (``similar_data``: its content, if at hand)."""
+        digest = digest_bytes(data)
+        if self._known(digest):
+            return digest
+        if len(data) > COMPRESS_LIMIT:
+            self._put_loose(digest, (data,))
+            return digest
+        if similar and self._put_delta(digest, data, similar, similar_data):
+            return digest
+        kind, body = pack_body(data)
+        self._publish(digest, self.store._writable_pack().append(digest, kind, body))
+        return digest
+
+    def put_records(self, records: list[tuple[str, bytes]]) -> None:
+        """Stores objects already encoded as whole pack records, ``(digest, record)`` with
+        kind raw or zstd (made by a reader process, see ``readworker``); those already stored
+        or written by this batch are skipped. One write for all of them."""
+        fresh: dict[str, bytes] = {}
+        for digest, record in records:
+            if digest not in fresh and not self._known(digest):
+                fresh[digest] = record
+        if not fresh:
+            return
+        locations = self.store._writable_pack().append_records(list(fresh.values()))
+        self._publish_all(list(zip(fresh, locations, strict=True)))
+
+    def _put_delta(self, digest: str, data: bytes, base: str, base_data: bytes | None) -> bool:
+        location = self.store._committed.get(base)
+        if location is None or location.pack is None or location.depth >= MAX_DELTA_DEPTH:
+            return False
+        try:
+            if base_data is None:
+                base_data = self.store.read_bytes(base)
+        except DataLoss:
+            return False
+        dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        delta = zstandard.ZstdCompressor(level=_ZSTD_DELTA_LEVEL, dict_data=dictionary,
+                                         write_content_size=True).compress(data)
+        # Worth it only when clearly smaller than the object compressed on its own would be.
+        if len(delta) * 4 > len(data):
+            return False
+        depth = location.depth + 1
+        body = DELTA_HEADER.pack(bytes.fromhex(base), depth) + delta
+        self._publish(digest, self.store._writable_pack().append(digest, ZSTD_DELTA, body, base, depth))
+        return True
+
+    def _stage(self) -> tuple[int, Path]:
+        path = self.store.staging / uuid.uuid4().hex
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+        except OSError as exc:
+            raise storage_error(exc) from exc
+
+    def _put_loose(self, digest: str, chunks) -> None:
+        fd, staged = self._stage()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(RAW)
+                for chunk in chunks:
+                    out.write(chunk)
+        except OSError as exc:
+            staged.unlink(missing_ok=True)
+            raise storage_error(exc) from exc
+        if not self._publish(digest, _StagedFile(None, path=staged)):
+            staged.unlink()
+
+    def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
+        """Stores the content readable from ``src_fd``; returns (digest, size read). See
+        ``put_bytes`` for ``similar``."""
+        if expected_size <= COMPRESS_LIMIT:
+            data = _read_all(src_fd, expected_size)
+            return self.put_bytes(data, similar), len(data)
+        hasher = hashlib.sha256()
+        size = 0
+        fd, staged = self._stage()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(RAW)
+                while chunk := os.read(src_fd, _CHUNK):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            staged.unlink(missing_ok=True)
+            raise storage_error(exc) from exc
+        digest = hasher.hexdigest()
+        if self._known(digest) or not self._publish(digest, _StagedFile(None, path=staged)):
+            staged.unlink()
+        return digest, size
+
+    def reuse(self, digest: str) -> bool:
+        """Whether ``digest`` is already stored (committed, or written by this batch), so a
+        caller that knows the content's digest may reference it without writing it again."""
+        return self._known(digest)
+
+    def commit(self) -> None:
+        try:
+            self._make_durable()
+        except BaseException:
+            self.abort()
+            raise
+        committed = self.store._committed
+        loose = Location(None)
+        for digest, location in self._pending.items():
+            previous = committed.get(digest)
+            if previous is not None:
+                self._count_dead(digest, previous)
+            if location.pack is None:
+                committed[digest] = loose
+            else:
+                committed[digest] = location
+                if location.kind in DELTAS:
+                    self.store._dependents.setdefault(location.base, set()).add(digest)
+        self._forget()
+        self._finish(True)
+
+    def _make_durable(self) -> None:
+        started = time.perf_counter()
+        for pack, end in self._pack_ends.items():
+            pack.sync_to(end)
+        loose = {digest: loc.path for digest, loc in self._pending.items() if isinstance(loc, _StagedFile)}
+        if loose:
+            self._make_loose_durable(loose)
+        if self._pack_ends or loose:
+            telemetry.made_durable(telemetry.Durable.OBJECTS, time.perf_counter() - started)
+
+    def _make_loose_durable(self, loose: dict[str, Path]) -> None:
+        try:
+            if len(loose) > _SYNCFS_THRESHOLD:
+                staging_fd = os.open(self.store.staging, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    _syncfs(staging_fd)
+                finally:
+                    os.close(staging_fd)
+            else:
+                for staged in loose.values():
+                    fd = os.open(staged, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            fanouts = set()
+            with self._rename_lock:
+                for digest, staged in loose.items():
+                    final = self.store.path_of(digest)
+                    if not final.parent.is_dir():
+                        final.parent.mkdir(exist_ok=True)
+                        fanouts.add(self.store.objects)
+                    os.replace(staged, final)
+                    fanouts.add(final.parent)
+            for directory in fanouts:
+                fsync_dir(directory)
+        except OSError as exc:
+            raise storage_error(exc) from exc
+
+    def _forget(self) -> None:
+        staged = self.store._staged
+        with self.store._staged_lock:
+            for digest, location in self._pending.items():
+                if staged.get(digest) is location:
+                    del staged[digest]
+        self._pending.clear()
+        self._pack_ends.clear()
+
+    def abort(self) -> None:
+        """Drops the batch: its large objects are deleted, its packed records are left
+        unreferenced (never counted as stored) until the pack is collected."""
+        for digest, location in self._pending.items():
+            if isinstance(location, _StagedFile):
+                location.path.unlink(missing_ok=True)
+            else:
+                self._count_dead(digest, location)
+        self._forget()
+        self._finish(False)
+
+    def _count_dead(self, digest: str, location: Location | None) -> None:
+        if location is not None:
+            self.store._mark_dead(digest, location)
+
+    def _finish(self, committed: bool) -> None:
+        callbacks, self._finished = self._finished, []
+        run_finish_callbacks(callbacks, committed)
+
+
+def run_finish_callbacks(callbacks: list[Callable[[bool], None]], committed: bool) -> None:
+    """Calls every callback of a finished batch, even after one has raised (each releases
+    something of its own: a lock, a paused collector), then raises the first error."""
+    error: BaseException | None = None
+    for callback in callbacks:
+        try:
+            callback(committed)
+        except BaseException as exc:
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
+
+
+def _read_all(fd: int, expected_size: int = _CHUNK) -> bytes:
+    """Everything readable from ``fd``; one read when the file has the size it was expected to."""
+    first = os.read(fd, expected_size + 1)
+    if len(first) == expected_size:
+        return first
+    parts = [first]
+    while chunk := os.read(fd, _CHUNK):
+        parts.append(chunk)
+    return b"".join(parts)

@@ -1,0 +1,364 @@
+"""Confined access to one workspace directory.
+
+Every operation walks one component at a time with O_NOFOLLOW - from ``/`` to the root
+(whose stored path is already resolved, so it has no symlink to follow), then from the root
+to the path - so no read or write can be redirected outside the root by a symlink, by ``..``
+or by a directory swapped in mid-operation, whether inside the workspace or above it. Files
+are replaced atomically (temporary name in the same directory, fsync, rename); the rename
+replaces a symlink itself, never what it points to, and never writes into a hard-linked
+inode. Within ``batched_sync`` the fsyncs are deferred instead: each file and directory
+written joins a ``SyncBatch`` that the caller flushes before it acknowledges anything (a
+rollback's journal entry covers the writes until then; see ``restore``).
+
+Every call that replaces or removes a path takes a ``check``: called with the parent
+directory's fd and the name just before the rename, unlink, rmdir or mkdir, it raises if the
+path is no longer what the caller expects (see ``restore.restorer``). A temporary file is written and
+synced (or, batched, fully written) before its check, so the check-to-rename window is one
+``lstat`` and one ``rename``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+
+from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
+from checkpointd.core.kernel.faults import Point, crash_point
+from checkpointd.core.workspace.syncbatch import SyncBatch
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The one name prefix the server creates in workspaces (see ``Workspace._temp_name``).
+TEMP_PREFIX = ".checkpointd-tmp-"
+#: The whole of such a name: the prefix, an optional 32-hex tag and '-', a 32-hex uuid.
+_TEMP_NAME = re.compile(r"\.checkpointd-tmp-(?:[0-9a-f]{32}-)?[0-9a-f]{32}\Z")
+#: errno values meaning "a path component is not the directory it was": a symlink or file
+#: where a directory was expected, or a directory where a file was.
+_SWAPPED = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
+
+
+#: Called with (parent directory fd, name) just before a path is replaced or removed; raises to stop.
+Check = Callable[[int, str], None]
+
+
+class UnsafePath(Exception):
+    """A path component is a symlink or not a directory where one was needed."""
+
+
+class Inaccessible(Exception):
+    """The server may not read or enter a workspace path (EACCES or EPERM: its permission bits,
+    an immutable file, a read-only or root-squashed mount)."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(f"{path!r}: {cause.strerror or cause}")
+        self.path = path
+        self.cause = cause
+
+
+def _no_check(_dir_fd: int, _name: str) -> None:
+    return None
+
+
+def validate_relpath(path: str, field: str = "paths") -> str:
+    """A workspace-relative, '/'-separated path with no '.', '..' or empty components."""
+    if not path or path.startswith("/") or "\0" in path:
+        raise InvalidArgument(Reason.INVALID_PATH, f"path {path!r} must be relative and non-empty",
+                              field=field, path=path)
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise InvalidArgument(Reason.INVALID_PATH, f"path {path!r} has an empty, '.' or '..' component",
+                              field=field, path=path)
+    return path
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is exactly what the server names its temporary files: only such names
+    are left out of captures (and reported as skipped); a user's file that merely starts with
+    the prefix is captured like any other."""
+    return name.startswith(TEMP_PREFIX) and _TEMP_NAME.match(name) is not None
+
+
+def is_under(path: str, prefixes: Iterable[str]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def _open_no_symlinks(path: str) -> int:
+    """An fd of the directory at absolute ``path``, refusing a symlink at any component."""
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for part in filter(None, path.split("/")):
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Workspace:
+    def __init__(self, root: str, temp_tag: str = "") -> None:
+        #: An absolute path without symlinks (as stored for a plan: resolved when it was set).
+        self.root = root
+        #: Names this workspace's temporary files, so that they can be found after a crash.
+        self.temp_tag = temp_tag
+        #: Within ``batched_sync``: where writes defer their fsyncs to.
+        self._pending: SyncBatch | None = None
+
+    @contextlib.contextmanager
+    def batched_sync(self) -> Iterator[SyncBatch]:
+        """Writes, renames and removals within skip their own fsyncs and join the batch yielded,
+        which the caller must ``flush`` before it reports them done (what is left unflushed is
+        dropped unsynced when the block ends)."""
+        pending = self._pending = SyncBatch()
+        try:
+            yield pending
+        finally:
+            self._pending = None
+            pending.close()
+
+    def _synced_dir(self, path: str, fd: int) -> None:
+        """Directory ``fd`` (at ``path``) is about to have an entry created, renamed or removed: durable
+        at the batch's flush. Called before the change (and before its check, to keep the check-to-
+        change window short): joining may flush a full batch, and if that fails nothing must have
+        changed yet. Only batched: unbatched removals and mkdirs stay unsynced, as before."""
+        if self._pending is not None:
+            self._pending.add_dir(path, fd)
+
+    @contextlib.contextmanager
+    def root_fd(self) -> Iterator[int]:
+        try:
+            fd = _open_no_symlinks(self.root)
+        except OSError as exc:
+            why = "a component is now a symlink" if exc.errno == errno.ELOOP else exc.strerror
+            raise FailedPrecondition(
+                Reason.WORKSPACE_UNAVAILABLE,
+                f"workspace root {self.root} is not an accessible directory: {why}",
+                workspace_root=self.root,
+            ) from exc
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def dir_fd(self, path: str) -> Iterator[int]:
+        """An fd of directory ``path`` ('' is the root), reached without following links."""
+        with self.root_fd() as root:
+            fd = os.dup(root)
+            try:
+                for part in filter(None, path.split("/")):
+                    try:
+                        nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except OSError as exc:
+                        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                            raise UnsafePath(path) from exc
+                        raise
+                    os.close(fd)
+                    fd = nxt
+                yield fd
+            finally:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def directories(self) -> Iterator[Directories]:
+        """Directory fds for many paths in one go (see ``Directories``)."""
+        with self.root_fd() as root:
+            opened = Directories(root)
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+    def lstat(self, path: str) -> os.stat_result | None:
+        parent, _, name = path.rpartition("/")
+        try:
+            with self.dir_fd(parent) as fd:
+                return os.lstat(name, dir_fd=fd)
+        except (FileNotFoundError, UnsafePath, NotADirectoryError):
+            return None
+        except PermissionError as exc:
+            raise Inaccessible(path, exc) from exc
+
+    def read_small(self, path: str, limit: int = 1 << 20) -> bytes | None:
+        """A regular file's content (None when absent, not regular, or larger than limit)."""
+        crash_point(Point.WORKSPACE_READ)
+        parent, _, name = path.rpartition("/")
+        try:
+            with self.dir_fd(parent) as dfd:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except (OSError, UnsafePath):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+                return None
+            return f.read(limit + 1)[:limit]
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            with self.dir_fd(path) as fd:
+                return os.listdir(fd)
+        except (FileNotFoundError, NotADirectoryError, UnsafePath):
+            return []
+        except PermissionError as exc:
+            raise Inaccessible(path, exc) from exc
+
+    def make_dir(self, path: str, mode: int, check: Check = _no_check) -> None:
+        """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode."""
+        parent, _, name = path.rpartition("/")
+        with self.dir_fd(parent) as fd:
+            self._synced_dir(parent, fd)
+            check(fd, name)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+            try:
+                created = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in _SWAPPED:
+                    raise UnsafePath(path) from exc
+                raise
+            try:
+                os.fchmod(created, mode | 0o700)
+            finally:
+                os.close(created)
+
+    def set_dir_mode(self, path: str, mode: int) -> None:
+        with self.dir_fd(path) as fd:
+            os.fchmod(fd, mode)
+
+    def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check) -> None:
+        parent, _, name = path.rpartition("/")
+        with self.dir_fd(parent) as dfd:
+            temp = self._temp_name()
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    for chunk in chunks:
+                        out.write(chunk)
+                    out.flush()
+                    os.fchmod(out.fileno(), mode)
+                    if self._pending is None:
+                        os.fsync(out.fileno())
+                    else:
+                        self._pending.add_file(path, out.fileno())
+                crash_point(Point.WORKSPACE_WRITE)
+                self._replace(temp, name, dfd, check, parent)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp, dir_fd=dfd)
+                raise
+
+    def write_symlink(self, path: str, target: str, check: Check = _no_check) -> None:
+        parent, _, name = path.rpartition("/")
+        with self.dir_fd(parent) as dfd:
+            temp = self._temp_name()
+            os.symlink(target, temp, dir_fd=dfd)
+            try:
+                self._replace(temp, name, dfd, check, parent)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp, dir_fd=dfd)
+                raise
+
+    def _temp_name(self) -> str:
+        tag = f"{self.temp_tag}-" if self.temp_tag else ""
+        return f"{TEMP_PREFIX}{tag}{uuid.uuid4().hex}"
+
+    def _replace(self, temp: str, name: str, dfd: int, check: Check, parent: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(name, dir_fd=dfd)
+            if stat.S_ISDIR(st.st_mode):
+                raise UnsafePath(name)
+        self._synced_dir(parent, dfd)
+        check(dfd, name)
+        try:
+            os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in _SWAPPED:
+                raise UnsafePath(name) from exc
+            raise
+        if self._pending is None:
+            os.fsync(dfd)
+
+    def remove_temp_files(self, directory: str, temp_tag: str) -> int:
+        """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
+        prefix = f"{TEMP_PREFIX}{temp_tag}-"
+        removed = 0
+        try:
+            with self.dir_fd(directory) as fd:
+                for name in os.listdir(fd):
+                    if name.startswith(prefix):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=fd)
+                            removed += 1
+        except (FileNotFoundError, UnsafePath):
+            return removed
+        return removed
+
+    def remove(self, path: str, check: Check = _no_check) -> None:
+        """Removes a file or symlink (never a directory)."""
+        parent, _, name = path.rpartition("/")
+        with self.dir_fd(parent) as fd:
+            self._synced_dir(parent, fd)
+            check(fd, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+
+    def remove_empty_dir(self, path: str, check: Check = _no_check) -> bool:
+        """Removes a directory only if it is empty; True when it is gone."""
+        parent, _, name = path.rpartition("/")
+        try:
+            with self.dir_fd(parent) as fd:
+                self._synced_dir(parent, fd)
+                check(fd, name)
+                os.rmdir(name, dir_fd=fd)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            if exc.errno == errno.ENOTDIR:
+                raise UnsafePath(path) from exc
+            raise
+        return True
+
+
+class Directories:
+    """Directory fds reached from the root one component at a time without following links, as
+    ``Workspace.dir_fd`` does, but keeping those of the last directory asked for and of its
+    ancestors: asked in sorted order, each directory is opened once, and no more descriptors
+    are open at a time than the path is deep."""
+
+    def __init__(self, root_fd: int) -> None:
+        #: (name, fd) of the root, then of each component of the last directory asked for.
+        self._open: list[tuple[str, int]] = [("", os.dup(root_fd))]
+
+    def fd(self, path: str) -> int:
+        """The fd of directory ``path`` ('' is the root); valid until another one is asked for.
+        Raises UnsafePath (a component is a symlink or not a directory) or FileNotFoundError."""
+        parts = path.split("/") if path else []
+        kept = 1
+        while kept < len(self._open) and kept <= len(parts) and self._open[kept][0] == parts[kept - 1]:
+            kept += 1
+        self._close_from(kept)
+        for part in parts[kept - 1:]:
+            try:
+                fd = os.open(part, _DIR_FLAGS, dir_fd=self._open[-1][1])
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(path) from exc
+                raise
+            self._open.append((part, fd))
+        return self._open[-1][1]
+
+    def _close_from(self, index: int) -> None:
+        while len(self._open) > index:
+            os.close(self._open.pop()[1])
+
+    def close(self) -> None:
+        self._close_from(0)

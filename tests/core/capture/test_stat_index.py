@@ -1,0 +1,96 @@
+"""The persisted stat index (core.index): what a capture learned survives a restart, in any
+order it was learned, a bulk update leaves no long write-ahead log for the next one, and no
+update waits for the index's file."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+from checkpointd.core.capture.stat_index import BULK_UPDATE_ROWS, Indexed, StatIndex
+
+
+def _entries(count: int) -> dict[str, Indexed]:
+    rng = random.Random(7)
+    paths = [f"dir{rng.randrange(50)}/file{n}.txt" for n in range(count)]
+    rng.shuffle(paths)
+    return {path: Indexed(n, 10 + n, 20 + n, 30 + n, f"{n:064x}", 40 + n) for n, path in enumerate(paths)}
+
+
+def _read_back(path) -> dict[str, Indexed]:
+    """The entries a new index on ``path`` (a restarted server's) loads for the workspace."""
+    reopened = StatIndex(path)
+    try:
+        return reopened.for_root("/workspace").entries
+    finally:
+        reopened.close()
+
+
+def test_a_bulk_update_is_read_back_after_a_restart_and_empties_the_log(tmp_path):
+    path = tmp_path / "stat-index.sqlite"
+    entries = _entries(BULK_UPDATE_ROWS)
+    index = StatIndex(path)
+    index.for_root("/workspace").update(entries)
+    index.flush()
+    assert os.path.getsize(f"{path}-wal") == 0
+    index.close()
+
+    assert _read_back(path) == entries
+
+
+def test_small_updates_and_removals_are_read_back_after_a_restart(tmp_path):
+    path = tmp_path / "stat-index.sqlite"
+    entries = _entries(10)
+    index = StatIndex(path)
+    root = index.for_root("/workspace")
+    root.update(entries)
+    gone, changed = sorted(entries)[:2]
+    root.update({changed: entries[changed]._replace(size=999)}, removed=[gone])
+    index.close()
+
+    expected = {**entries, changed: entries[changed]._replace(size=999)}
+    del expected[gone]
+    assert _read_back(path) == expected
+
+
+def test_an_update_does_not_wait_for_the_file_and_queued_updates_merge(tmp_path):
+    """While the writer is held up (its connection lock taken here), updates return at once and
+    pile up; what lands afterwards is their sum, path by path, removals included."""
+    path = tmp_path / "stat-index.sqlite"
+    entries = _entries(10)
+    index = StatIndex(path)
+    root = index.for_root("/workspace")
+    first, second = sorted(entries)[:2]
+    with index._db_lock:
+        updates = threading.Thread(target=lambda: (
+            root.update(entries),
+            root.update({first: entries[first]._replace(size=1)}, removed=[second]),
+            root.update({second: entries[second]._replace(size=2)}, removed=[first]),
+        ))
+        updates.start()
+        updates.join(timeout=10)
+        assert not updates.is_alive(), "an update waited for the index file"
+    index.close()
+
+    expected = {**entries, second: entries[second]._replace(size=2)}
+    del expected[first]
+    assert _read_back(path) == expected
+
+
+def test_loading_a_new_root_while_the_writer_works_holds_up_no_other_roots_update(tmp_path):
+    """A new workspace's index is read from the file, which waits for the writer; another
+    workspace's update meanwhile must still return at once."""
+    index = StatIndex(tmp_path / "stat-index.sqlite")
+    known = index.for_root("/known")
+    with index._db_lock:
+        loading = threading.Thread(target=index.for_root, args=("/new",))
+        loading.start()
+        loading.join(timeout=0.5)
+        assert loading.is_alive(), "the new root's read did not wait for the file"
+        update = threading.Thread(target=known.update, args=(_entries(3),))
+        update.start()
+        update.join(timeout=10)
+        assert not update.is_alive(), "an update queued behind another root's read"
+    loading.join(timeout=10)
+    index.close()

@@ -1,0 +1,360 @@
+"""Rollback on the engine itself (real SQLite, a real content store, real files; no server): the
+README's promises on restore, checked in-process so that `make mutants` can run them per mutant of
+`core/restore/restorer.py` in seconds.
+
+- Restore is exact: content, symlinks, file and directory permission bits, empty directories,
+  kinds changed both ways.
+- A write made while a rollback runs is never overwritten or deleted: the rollback stops with
+  ROLLBACK_CONFLICT, takes back what it changed and leaves the write on disk. The write is made
+  from the restore's own fault point (`restore.change`, reached before each path is changed), the
+  in-process twin of the server-level races in tests/hardening/test_rollback_races.py.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from ulid import ULID
+
+from checkpointd.core.config.registry import MAX_FILE_SIZE_BYTES, ConfigStore
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import CreateRequest, EngineSettings, RollbackRequest
+from checkpointd.core.kernel.errors import FailedPrecondition, Reason
+from checkpointd.core.kernel.faults import Point
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.restore import restorer as restore_module
+from checkpointd.core.store.content_store import ContentStore
+
+
+class Plan:
+    def __init__(self, engine: Checkpoints, config: ConfigStore, root: Path) -> None:
+        self.engine = engine
+        self.config = config
+        self.root = root
+        self.plan_id = str(ULID())
+
+    def checkpoint(self) -> str:
+        request = CreateRequest(plan_id=self.plan_id, workspace_root=str(self.root))
+        return self.engine.create(request).row.checkpoint_id
+
+    def rollback(self, checkpoint_id: str, **fields):
+        return self.engine.rollback(RollbackRequest(self.plan_id, checkpoint_id, **fields))
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Iterator[Plan]:
+    allowed = tmp_path / "workspaces"
+    root = allowed / "ws"
+    root.mkdir(parents=True)
+    db = Database(f"sqlite:///{tmp_path / 'meta.db'}")
+    db.migrate()
+    store = ContentStore(tmp_path / "store")
+    config = ConfigStore(db)
+    engine = Checkpoints(db, store, config, EngineSettings(tmp_path / "data", (str(allowed),), watcher=False))
+    try:
+        yield Plan(engine, config, root)
+    finally:
+        engine.close()
+        store.close()
+        db.dispose()
+
+
+def _listing(root: Path) -> dict[str, tuple]:
+    """Every path under root: kind, permission bits, and content or link target."""
+    found = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(directory) / name
+            st = path.lstat()
+            relative = str(path.relative_to(root))
+            if stat.S_ISLNK(st.st_mode):
+                found[relative] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                found[relative] = ("dir", stat.S_IMODE(st.st_mode))
+            else:
+                found[relative] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
+    return found
+
+
+def test_restore_is_exact_across_kinds_modes_links_and_empty_directories(plan: Plan) -> None:
+    root = plan.root
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "pkg" / "mod.py").write_text("print('v1')\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "secret").write_text("k")
+    (root / "secret").chmod(0o600)
+    (root / "empty").mkdir()
+    (root / "private").mkdir(mode=0o700)
+    (root / "private").chmod(0o750)
+    (root / "private" / "x").write_text("x")
+    (root / "link").symlink_to("src/pkg/mod.py")
+    (root / "was_file").write_text("file then")
+    (root / "was_dir" / "inner").mkdir(parents=True)
+    (root / "was_dir" / "inner" / "f").write_text("dir then")
+    before = _listing(root)
+    target = plan.checkpoint()
+
+    (root / "src" / "pkg" / "mod.py").write_text("print('v2, longer')\n")
+    (root / "run.sh").chmod(0o644)
+    (root / "secret").unlink()
+    (root / "empty").rmdir()
+    (root / "private").chmod(0o755)
+    (root / "link").unlink()
+    (root / "link").symlink_to("run.sh")
+    (root / "was_file").unlink()
+    (root / "was_file").mkdir()
+    (root / "was_file" / "new").write_text("new")
+    (root / "was_dir" / "inner" / "f").unlink()
+    (root / "was_dir" / "inner").rmdir()
+    (root / "was_dir").rmdir()
+    (root / "was_dir").write_text("a file now")
+    (root / "added" / "deep").mkdir(parents=True)
+    (root / "added" / "deep" / "n.txt").write_text("added")
+    changed = _listing(root)
+
+    preview = plan.rollback(target, dry_run=True)
+    assert preview.safety is None and _listing(root) == changed
+    assert {c.path for c in preview.changes} >= {"src/pkg/mod.py", "secret", "empty", "link", "was_file",
+                                                  "was_dir", "added"}
+    result = plan.rollback(target)
+
+    assert _listing(root) == before
+    assert result.safety is not None
+    # The safety checkpoint holds the workspace as it was: rolling back to it brings that back.
+    plan.rollback(result.safety.row.checkpoint_id)
+    assert _listing(root) == changed
+
+
+def test_a_rollback_keeps_what_the_target_skipped_or_ignored(plan: Plan) -> None:
+    root = plan.root
+    plan.config.set(MAX_FILE_SIZE_BYTES, 100, plan_id=plan.plan_id)
+    (root / ".gitignore").write_text("*.log\nbuild/\n")
+    (root / "kept.txt").write_text("kept")
+    (root / "big.bin").write_bytes(b"x" * 500)
+    (root / "app.log").write_text("log")
+    (root / "build").mkdir()
+    (root / "build" / "out.o").write_text("obj")
+    target = plan.checkpoint()
+    (root / "new.txt").write_text("new")
+    (root / "new.log").write_text("ignored, never captured")
+    (root / "big.bin").write_bytes(b"y" * 600)
+
+    plan.rollback(target)
+
+    assert not (root / "new.txt").exists()
+    assert (root / "big.bin").read_bytes() == b"y" * 600  # skipped then: not the target's to change
+    assert (root / "new.log").exists() and (root / "app.log").exists()
+    assert (root / "build" / "out.o").read_text() == "obj"
+    assert (root / "kept.txt").read_text() == "kept"
+
+
+def test_a_directory_that_must_become_a_file_but_holds_unaccounted_files_changes_nothing(plan: Plan) -> None:
+    root = plan.root
+    (root / ".gitignore").write_text("*.tmp\n")
+    (root / "thing").write_text("a file in the target")
+    target = plan.checkpoint()
+    (root / "thing").unlink()
+    (root / "thing").mkdir()
+    (root / "thing" / "scratch.tmp").write_text("ignored, so not the target's")
+    (root / "other.txt").write_text("other")
+    changed = _listing(root)
+
+    with pytest.raises(FailedPrecondition) as conflict:
+        plan.rollback(target)
+
+    assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
+    assert "thing" in conflict.value.message
+    assert _listing(root) == changed
+
+
+def test_a_scoped_rollback_restores_its_paths_and_their_parents_only(plan: Plan) -> None:
+    root = plan.root
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "c.txt").write_text("c1")
+    (root / "a" / "sibling.txt").write_text("s1")
+    (root / "top.txt").write_text("t1")
+    target = plan.checkpoint()
+    (root / "a" / "sibling.txt").write_text("s2")
+    (root / "top.txt").write_text("t2")
+    (root / "a" / "b" / "c.txt").unlink()
+    (root / "a" / "b").rmdir()
+    (root / "a" / "b").write_text("a file where the directory was")
+
+    plan.rollback(target, paths=("a/b/c.txt",))
+
+    assert (root / "a" / "b" / "c.txt").read_text() == "c1"
+    assert (root / "a" / "sibling.txt").read_text() == "s2"
+    assert (root / "top.txt").read_text() == "t2"
+
+
+RACES: dict[str, Callable[[Path], None]] = {}
+
+
+def _race(name: str):
+    def register(function: Callable[[Path], None]) -> Callable[[Path], None]:
+        RACES[name] = function
+        return function
+    return register
+
+
+@_race("a file the rollback replaces is rewritten with other content")
+def _rewrite(root: Path) -> None:
+    (root / "edited.txt").write_text("written during the rollback, longer")
+
+
+@_race("a file the rollback replaces is rewritten, same size and mtime")
+def _same_size_same_mtime(root: Path) -> None:
+    path = root / "edited.txt"
+    st = path.stat()
+    path.write_text("EDITED".ljust(st.st_size, "!")[:st.st_size])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@_race("a file the rollback deletes is rewritten")
+def _rewrite_added(root: Path) -> None:
+    (root / "added.txt").write_text("written during the rollback")
+
+
+@_race("a path the rollback creates is created first")
+def _create_deleted(root: Path) -> None:
+    (root / "deleted.txt").write_text("written during the rollback")
+
+
+@_race("a file the rollback replaces has its permissions changed")
+def _chmod(root: Path) -> None:
+    (root / "edited.txt").chmod(0o600)
+
+
+@_race("a link the rollback replaces is pointed elsewhere")
+def _retarget(root: Path) -> None:
+    (root / "link").unlink()
+    (root / "link").symlink_to("written-during-the-rollback")
+
+
+@_race("a file the rollback replaces becomes a directory")
+def _file_to_dir(root: Path) -> None:
+    (root / "edited.txt").unlink()
+    (root / "edited.txt").mkdir()
+    (root / "edited.txt" / "inside").write_text("written during the rollback")
+
+
+@pytest.mark.parametrize("race", list(RACES), ids=list(RACES))
+def test_a_write_made_while_a_rollback_runs_is_never_lost(plan: Plan, monkeypatch, race: str) -> None:
+    root = plan.root
+    (root / "edited.txt").write_text("v1")
+    (root / "deleted.txt").write_text("v1")
+    (root / "link").symlink_to("edited.txt")
+    target = plan.checkpoint()
+    (root / "edited.txt").write_text("v2 before the rollback")
+    (root / "deleted.txt").unlink()
+    (root / "added.txt").write_text("added before the rollback")
+    (root / "link").unlink()
+    (root / "link").symlink_to("deleted.txt")
+    fired = []
+
+    def racing_write(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE and not fired:
+            fired.append(point)
+            RACES[race](root)
+
+    monkeypatch.setattr(restore_module, "crash_point", racing_write)
+    after_race: dict[str, tuple] = {}
+    with pytest.raises(FailedPrecondition) as conflict:
+        try:
+            plan.rollback(target)
+        finally:
+            after_race.update(_listing(root))
+    assert fired
+    assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
+    if "becomes a directory" not in race:  # that one is caught as a path swapped under the rollback
+        assert "changed after the rollback's safety checkpoint was taken" in conflict.value.message
+    # The racing write is on disk, and the rest is as it was before the rollback started.
+    expected = _listing_after(root, race)
+    assert after_race == expected
+
+
+def _listing_after(root: Path, race: str) -> dict[str, tuple]:
+    """What the workspace holds once the rollback has been undone: the state before it, plus the race."""
+    scratch = root.parent / f"expected-{ULID()}"
+    scratch.mkdir()
+    (scratch / "edited.txt").write_text("v2 before the rollback")
+    (scratch / "added.txt").write_text("added before the rollback")
+    (scratch / "link").symlink_to("deleted.txt")
+    for path in root.iterdir():  # keep the permission bits the workspace's files were created with
+        if (scratch / path.name).exists() and not path.is_symlink() and path.is_file():
+            (scratch / path.name).chmod(stat.S_IMODE((root / path.name).stat().st_mode))
+    RACES[race](scratch)
+    return _listing(scratch)
+
+
+def test_a_file_written_into_a_directory_the_rollback_removes_keeps_that_directory(plan: Plan, monkeypatch) -> None:
+    root = plan.root
+    (root / "kept.txt").write_text("v1")
+    target = plan.checkpoint()
+    (root / "newdir").mkdir()
+    (root / "newdir" / "a.txt").write_text("added after the target")
+    (root / "kept.txt").write_text("v2")
+
+    def racing_write(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE and not (root / "newdir" / "racing.txt").exists():
+            (root / "newdir" / "racing.txt").write_text("written during the rollback")
+
+    monkeypatch.setattr(restore_module, "crash_point", racing_write)
+    plan.rollback(target)
+
+    # Nothing was lost: the rollback removed what it accounted for and left the directory holding the write.
+    assert set(_listing(root)) == {"kept.txt", "newdir", "newdir/racing.txt"}
+    assert (root / "kept.txt").read_text() == "v1"
+    assert (root / "newdir" / "racing.txt").read_text() == "written during the rollback"
+
+
+class _Killed(BaseException):
+    """Stands for the process dying at a fault point: nothing in the engine handles it."""
+
+
+def test_an_interrupted_rollback_that_cannot_be_finished_keeps_every_checkpoint_of_its_plan(
+        plan: Plan, monkeypatch) -> None:
+    """A rollback interrupted mid-way leaves its journal entry; until whoever takes the plan next
+    finishes it, deleting its target or its safety checkpoint (by DeleteCheckpoint, DeleteCheckpoints
+    or retention) would leave the workspace half-applied with no record of what it was. Such a
+    deletion is refused while the rollback cannot be finished, and goes ahead once it was."""
+    from checkpointd.core.kernel.errors import RollbackUnfinished
+
+    for name in ("a", "b", "c"):
+        (plan.root / name).write_text(f"target {name}")
+    target = plan.checkpoint()
+    for name in ("a", "b", "c"):
+        (plan.root / name).write_text(f"later {name}")
+    newest = plan.checkpoint()
+    expected = _listing(plan.root)
+    calls = []
+
+    def interrupted(point: Point) -> None:
+        calls.append(point)
+        if point is Point.RESTORE_CHANGE and len(calls) == 2:
+            raise _Killed  # the rollback dies after changing one path
+
+    monkeypatch.setattr(restore_module, "crash_point", interrupted)
+    with pytest.raises(_Killed):
+        plan.rollback(target)
+
+    def unwritable(point: Point) -> None:
+        raise OSError(5, "Input/output error")  # the workspace cannot be written for now
+
+    monkeypatch.setattr(restore_module, "crash_point", unwritable)
+    for deletion in (lambda: plan.engine.delete(target), lambda: plan.engine.delete(newest),
+                     lambda: plan.engine.delete_matching(plan.plan_id, "")):
+        with pytest.raises(RollbackUnfinished) as refused:
+            deletion()
+        assert refused.value.reason is Reason.ROLLBACK_CONFLICT
+    assert plan.engine.count(plan.plan_id) >= 3  # target, newest and the rollback's safety checkpoint
+
+    monkeypatch.undo()
+    plan.engine.delete(newest)  # the rollback is finished first, then the deletion goes ahead
+    assert _listing(plan.root) == {name: ("file", value[1], f"target {name}".encode())
+                                   for name, value in expected.items()}
