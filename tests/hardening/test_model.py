@@ -112,4 +112,4 @@ def test_model_two_replicas_on_postgresql(two_replicas) -> None:
 
 @pytest.mark.slow
 def test_model_single_server_long(single_server) -> None:
-    run_machine(single_server, examples=8, steps=12, restart_budget=4)
+    run_machine(single_server, examples=6, steps=12, restart_budget=4)
