@@ -123,6 +123,10 @@ def test_export_writes_a_tar_and_never_overwrites_unless_forced(tcp, workspace, 
     failed = run_cli("export", str(ULID()), "-o", str(tmp_path / "new.tar"), *tcp)
     assert "not found" in _one_line_failure(failed)
     assert not (tmp_path / "new.tar").exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".part"]
+    longest = tmp_path / ("n" * 251 + ".tar")  # 255 bytes: the longest name a file may have here
+    done = run_cli("export", cp["checkpoint_id"], "-o", str(longest), *tcp)
+    assert done.returncode == 0, done.stderr
+    assert tarfile.is_tarfile(longest)
 
 
 def test_export_to_stdout_is_the_same_archive(tcp, workspace, plan_id):

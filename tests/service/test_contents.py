@@ -80,6 +80,11 @@ def test_reading_what_is_not_a_file_says_why(checkpoint_stub, workspace, plan_id
     assert error_info(missing).metadata["path"] == "dir/nope"
     _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/f/below"), grpc.StatusCode.NOT_FOUND,
            "PATH_NOT_FOUND")
+    not_a_dir = _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/f/"), grpc.StatusCode.FAILED_PRECONDITION,
+                       "NOT_A_DIRECTORY")
+    assert error_info(not_a_dir).metadata["path"] == "dir/f"
+    _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/"), grpc.StatusCode.FAILED_PRECONDITION,
+           "NOT_A_FILE")
     _fails(lambda: _read(checkpoint_stub, state_only.checkpoint_id, "f"), grpc.StatusCode.FAILED_PRECONDITION,
            "NO_WORKSPACE")
     _fails(lambda: _read(checkpoint_stub, str(ULID()), "f"), grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")

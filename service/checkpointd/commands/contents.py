@@ -88,7 +88,8 @@ def export(args: argparse.Namespace) -> int:
     if refusal:
         render.error(refusal)
         return 1
-    fd, temporary = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".part", dir=output.parent)
+    # A name of up to 255 bytes must work: the temporary one keeps only a part of it.
+    fd, temporary = tempfile.mkstemp(prefix=f".{output.name[:64]}.", suffix=".part", dir=output.parent)
     size = 0
     try:
         with os.fdopen(fd, "wb") as archive, connect(args) as conn:

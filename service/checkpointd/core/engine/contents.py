@@ -92,6 +92,7 @@ class Contents:
     def open_file(self, checkpoint_id: str, path: str) -> tuple[Entry, Iterator[bytes]]:
         """The entry at ``path`` and its content in chunks (a symlink's: its link text). Every
         error is raised here, before the first chunk; the chunks verify the content's digest."""
+        names_a_directory = path.endswith("/")
         path = validate_relpath(path.rstrip("/"), "path")
         row = self._files_of(checkpoint_id)
         entry = self.trees.lookup(row.tree_digest, path)
@@ -101,6 +102,13 @@ class Contents:
         if entry.kind is EntryKind.DIR:
             raise FailedPrecondition(Reason.NOT_A_FILE, f"{path!r} is a directory in checkpoint {row.checkpoint_id}; "
                                                         "ls-files lists it; export gets the whole tree",
+                                     checkpoint_id=row.checkpoint_id, path=path)
+        if names_a_directory:
+            # As open(2) says ENOTDIR for "file/": a trailing '/' asks for a directory.
+            raise FailedPrecondition(Reason.NOT_A_DIRECTORY,
+                                     f"{path + '/'!r} names a directory, but {path!r} is a "
+                                     f"{'symlink' if entry.kind is EntryKind.SYMLINK else 'file'} in checkpoint "
+                                     f"{row.checkpoint_id}; drop the trailing '/' to read it",
                                      checkpoint_id=row.checkpoint_id, path=path)
         if entry.kind is EntryKind.SYMLINK:
             return entry, iter((entry.target.encode("utf-8", "surrogateescape"),))
