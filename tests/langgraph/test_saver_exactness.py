@@ -52,8 +52,22 @@ def test_long_namespaces_unicode_threads_and_nested_metadata_round_trip(saver) -
     assert [t.config for t in saver.list({"configurable": {"thread_id": thread_id}})] == [grandchild, child, root]
     assert [t.config for t in saver.list({"configurable": {"thread_id": thread_id}}, filter={"step": 4})] == [
         grandchild]
-    with pytest.raises(ValueError, match="thread_id"):
-        list(saver.list(None))
+
+
+def test_listing_without_a_thread_covers_every_thread_newest_first(saver) -> None:
+    """As LangGraph's own savers do for ``list(None)``: every thread's checkpoints, newest
+    checkpoint id first, each with its own thread id; filter, before and limit apply across them."""
+    marker = str(uuid.uuid4())
+    first = _put(saver, f"one {marker}", "", marker=marker)
+    second = _put(saver, f"two {marker}", "", marker=marker, step=1)
+    third = _put(saver, f"one {marker}", LONG_NS, marker=marker, step=2)
+    _put(saver, f"three {marker}", "", marker="someone else's")
+    listed = [t.config for t in saver.list(None, filter={"marker": marker})]
+    assert listed == [third, second, first]
+    assert [t.config for t in saver.list({"configurable": {}}, filter={"marker": marker, "step": 1})] == [second]
+    assert [t.config for t in saver.list(None, filter={"marker": marker}, before=third, limit=1)] == [second]
+    newest = {t.config["configurable"]["thread_id"] for t in saver.list(None, limit=4)}
+    assert newest == {f"one {marker}", f"two {marker}", f"three {marker}"}
 
 
 def test_repeated_writes_keep_the_first_regular_value_and_the_last_special_one(saver) -> None:

@@ -243,18 +243,22 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        if config is None or "thread_id" not in config.get("configurable", {}):
-            raise ValueError("CheckpointdSaver.list needs config['configurable']['thread_id']: "
-                             "checkpointd lists one thread (plan) at a time")
-        configurable = config["configurable"]
-        thread_id = str(configurable["thread_id"])
+        configurable = (config or {}).get("configurable", {})
+        if "thread_id" in configurable:
+            plan_ids = [thread_plan_id(str(configurable["thread_id"]))]
+        else:
+            # Every thread, as LangGraph's own savers list them for no thread: one ListCheckpoints per
+            # plan the server knows (plans that are not LangGraph threads hold no such records).
+            plan_ids = [plan.plan_id for plan in self.client.list_plans()]
         ns = configurable.get("checkpoint_ns")
-        plan_id = thread_plan_id(thread_id)
-        found = self._records(plan_id, ns=ns, checkpoint_id=get_checkpoint_id(config), metadata=filter)
-        if filter:
-            # Records whose metadata did not fit in labels are judged on their state.
-            found += self._records(plan_id, ns=ns, checkpoint_id=get_checkpoint_id(config),
-                                   extra={records.PARTIAL_LABEL: "true"})
+        checkpoint_id = get_checkpoint_id(config) if config else None
+        found: list[pb.Checkpoint] = []
+        for plan_id in plan_ids:
+            found += self._records(plan_id, ns=ns, checkpoint_id=checkpoint_id, metadata=filter)
+            if filter:
+                # Records whose metadata did not fit in labels are judged on their state.
+                found += self._records(plan_id, ns=ns, checkpoint_id=checkpoint_id,
+                                       extra={records.PARTIAL_LABEL: "true"})
         candidates = _latest_first(list({record.checkpoint_id: record for record in found}.values()))
         before_id = get_checkpoint_id(before) if before else None
         if before_id:
@@ -269,7 +273,7 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
             metadata = self.serde.loads_typed(found.metadata)
             if filter and not all(key in metadata and _same(metadata[key], value) for key, value in filter.items()):
                 continue
-            yield self._tuple(thread_id, found, self._writes(record.checkpoint_id), metadata)
+            yield self._tuple(found.thread_id, found, self._writes(record.checkpoint_id), metadata)
             yielded += 1
 
     def _records(self, plan_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
