@@ -9,6 +9,7 @@
  */
 
 const { randomUUID } = require('node:crypto');
+const { Readable } = require('node:stream');
 const grpc = require('@grpc/grpc-js');
 const { loadContract } = require('./contract');
 const { fromServiceError } = require('./errors');
@@ -94,6 +95,18 @@ const SERVICE_CONFIG = JSON.stringify({
  * @property {number} checkpointCount
  * @property {string} newestCheckpointId
  * @property {number} totalSizeBytes What its checkpoints hold, before deduplication.
+ */
+
+/**
+ * @typedef {object} CheckpointFile One entry of a checkpoint's tree.
+ * @property {string} path Workspace-relative; undecodable bytes of a name that is not UTF-8 show as
+ *   \xNN escapes.
+ * @property {Buffer} rawPath The exact bytes of such a name; empty for a UTF-8 one.
+ * @property {string|null} entryType "file" | "symlink" | "directory".
+ * @property {number} sizeBytes A file's content, a symlink's target text; 0 for a directory.
+ * @property {number} mode Permission bits, e.g. 0o644.
+ * @property {string} symlinkTarget A symlink's target text (never followed).
+ * @property {Buffer} rawSymlinkTarget Its exact bytes when they are not UTF-8.
  */
 
 /**
@@ -252,12 +265,6 @@ class CheckpointdClient {
   }
 
   /**
-   * Deletes every checkpoint an AIP-160 filter selects, in one plan or (no planId) in every plan;
-   * resolves to those deleted, without state.
-   * @param {{planId?: string, filter?: string, deadlineMs?: number}} [options]
-   * @returns {Promise<Checkpoint[]>}
-   */
-  /**
    * Records writes that follow a checkpoint (a LangGraph saver's pending writes): a repeated
    * (taskId, index) keeps its first value when index >= 0 and takes the new one when negative.
    * @param {string} checkpointId
@@ -278,6 +285,12 @@ class CheckpointdClient {
     return (await this.unary(this.checkpoints, 'ListPendingWrites', { checkpointId }, options)).writes;
   }
 
+  /**
+   * Deletes every checkpoint an AIP-160 filter selects, in one plan or (no planId) in every plan;
+   * resolves to those deleted, without state.
+   * @param {{planId?: string, filter?: string, deadlineMs?: number}} [options]
+   * @returns {Promise<Checkpoint[]>}
+   */
   async deleteCheckpoints(options = {}) {
     const { planId = '', filter = '' } = options;
     const response = await this.unary(this.checkpoints, 'DeleteCheckpoints', { planId, filter }, options);
@@ -405,6 +418,74 @@ class CheckpointdClient {
       call.on('error', (error) => reject(fromServiceError(error, 'ReadCheckpointFile')));
       call.on('end', () => resolve(Buffer.concat(chunks)));
     });
+  }
+
+  /**
+   * One page of a directory's entries as it was in a checkpoint (the workspace root when no path),
+   * a directory before what it holds, names sorted.
+   * @param {string} checkpointId
+   * @param {object} [options]
+   * @param {string} [options.path] Workspace-relative directory; the root when omitted.
+   * @param {Uint8Array} [options.rawPath] The directory as bytes, for a name that is not UTF-8.
+   * @param {boolean} [options.recursive] The whole subtree, not only the directory's own entries.
+   * @param {number} [options.pageSize] 50 when omitted, at most 1000.
+   * @param {string} [options.pageToken]
+   * @param {number} [options.deadlineMs]
+   * @returns {Promise<{files: CheckpointFile[], nextPageToken: string}>}
+   */
+  async listFiles(checkpointId, options = {}) {
+    const request = {
+      checkpointId,
+      path: options.path ?? '',
+      rawPath: options.rawPath ? Buffer.from(options.rawPath) : Buffer.alloc(0),
+      recursive: options.recursive ?? false,
+      pageSize: options.pageSize ?? 0,
+      pageToken: options.pageToken ?? '',
+    };
+    const response = await this.unary(this.checkpoints, 'ListCheckpointFiles', request, options);
+    return {
+      files: response.files.map((f) => ({ ...f, entryType: this.vocabulary.fromWire('EntryType', f.entryType) })),
+      nextPageToken: response.nextPageToken,
+    };
+  }
+
+  /**
+   * Every entry listFiles would return, fetching pages as needed.
+   * @param {string} checkpointId
+   * @param {{path?: string, rawPath?: Uint8Array, recursive?: boolean, pageSize?: number, deadlineMs?: number}} [options]
+   * @returns {AsyncGenerator<CheckpointFile>}
+   */
+  async *iterateFiles(checkpointId, options = {}) {
+    let pageToken = '';
+    do {
+      const page = await this.listFiles(checkpointId, { ...options, pageToken });
+      yield* page.files;
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+  }
+
+  /**
+   * A checkpoint's whole tree as an uncompressed POSIX (pax) tar archive, as a Readable stream of
+   * its bytes: pipe it to a file (`stream.pipeline(client.exportCheckpoint(id), fs.createWriteStream(f))`).
+   * A server error (e.g. CHECKPOINT_NOT_FOUND, NO_WORKSPACE) destroys the stream with a
+   * CheckpointdError; an archive is complete only when the stream ends without one.
+   * @param {string} checkpointId
+   * @param {CallOptions} [options] The deadline covers the whole archive (10 min by default).
+   * @returns {import('node:stream').Readable}
+   */
+  exportCheckpoint(checkpointId, options = {}) {
+    const deadline = Date.now() + checkDeadline(options.deadlineMs ?? Math.max(this.deadlineMs, 600_000));
+    const call = this.checkpoints.ExportCheckpoint({ checkpointId }, this.metadata(), { deadline });
+    async function* archive() {
+      try {
+        for await (const response of call) yield response.data;
+      } catch (error) {
+        throw fromServiceError(error, 'ExportCheckpoint');
+      }
+    }
+    const stream = Readable.from(archive(), { objectMode: false });
+    stream.on('close', () => call.cancel());
+    return stream;
   }
 
   /**

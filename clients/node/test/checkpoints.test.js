@@ -2,8 +2,10 @@
 /** create / get / list / diff / rollback against a real checkpointd, over TCP and a unix socket. */
 
 const assert = require('node:assert/strict');
+const { execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const path = require('node:path');
+const { pipeline } = require('node:stream/promises');
 const { after, before, describe, test } = require('node:test');
 const { CheckpointdClient } = require('../src');
 const { newUlid, startServer } = require('./helpers/server');
@@ -259,5 +261,36 @@ describe('plans, file contents and text diffs', () => {
     const [change] = await client.diffCheckpoints(base.checkpointId, { textDiffs: true });
     assert.equal(change.textDiffStatus, 'text');
     assert.equal(change.textDiff, '--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n');
+  });
+
+  test('listFiles lists a directory as it was, page by page; exportCheckpoint streams a tar of it', async () => {
+    const workspace = server.newWorkspace();
+    write(workspace, 'a.txt', 'one\n');
+    fs.mkdirSync(path.join(workspace, 'dir'));
+    write(workspace, 'dir/b.sh', '#!/bin/sh\n');
+    fs.chmodSync(path.join(workspace, 'dir', 'b.sh'), 0o755);
+    fs.symlinkSync('a.txt', path.join(workspace, 'link'));
+    const planId = newUlid();
+    const cp = await client.createCheckpoint(planId, { workspaceRoot: workspace });
+    fs.rmSync(path.join(workspace, 'dir'), { recursive: true });
+
+    const top = await client.listFiles(cp.checkpointId);
+    assert.deepEqual(top.files.map((f) => [f.path, f.entryType]), [['a.txt', 'file'], ['dir', 'directory'], ['link', 'symlink']]);
+    assert.equal(top.files[2].symlinkTarget, 'a.txt');
+    const everything = [];
+    for await (const f of client.iterateFiles(cp.checkpointId, { recursive: true, pageSize: 1 })) everything.push(f);
+    assert.deepEqual(everything.map((f) => f.path), ['a.txt', 'dir', 'dir/b.sh', 'link']);
+    assert.equal(everything[2].mode, 0o755);
+    assert.equal(everything[2].sizeBytes, 10);
+    await assert.rejects(client.listFiles(cp.checkpointId, { path: 'a.txt' }), (error) => error.reason === 'NOT_A_DIRECTORY');
+
+    const archive = path.join(server.newWorkspace(), 'x.tar');
+    await pipeline(client.exportCheckpoint(cp.checkpointId), fs.createWriteStream(archive));
+    const listing = execFileSync('tar', ['-tvf', archive], { encoding: 'utf8' });
+    assert.match(listing, /^-rwxr-xr-x .* dir\/b\.sh$/m);
+    assert.match(listing, /^l.* link -> a\.txt$/m);
+    assert.equal(execFileSync('tar', ['-xOf', archive, 'dir/b.sh'], { encoding: 'utf8' }), '#!/bin/sh\n');
+    await assert.rejects(pipeline(client.exportCheckpoint(newUlid()), fs.createWriteStream(`${archive}.2`)),
+      (error) => error.reason === 'CHECKPOINT_NOT_FOUND');
   });
 });
