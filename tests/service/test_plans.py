@@ -90,6 +90,28 @@ def test_filter_by_exact_root_under_root_and_update_time(checkpoint_stub, worksp
     assert ids(f'workspace_root : "{workspace}" AND update_time <= "{past}"') == []
 
 
+def test_filter_by_labels_of_a_plans_checkpoints(checkpoint_stub, workspace):
+    """A plan has a label when one of its checkpoints has it; two label terms may be met by two
+    checkpoints; other plans' checkpoints never count."""
+    agent = str(ULID())
+    tagged, untagged, other = str(ULID()), str(ULID()), str(ULID())
+    for plan_id, labels in ((tagged, {"agent": agent}), (tagged, {"step": "2"}), (untagged, {}),
+                            (other, {"agent": "someone-else", "step": "2"})):
+        checkpoint_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, labels=labels))
+
+    def ids(text):
+        return [p.plan_id for p in checkpoint_stub.ListPlans(pb.ListPlansRequest(filter=text, page_size=1000)).plans]
+
+    assert ids(f'labels.agent = "{agent}"') == [tagged]
+    assert ids(f'labels.agent = "{agent}" AND labels.step = "2"') == [tagged]
+    assert ids(f'labels.agent = "{agent}" AND labels.step = "3"') == []
+    assert ids('labels.agent = "someone-else" AND labels.step = "2"') == [other]
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert ids(f'labels.agent = "{agent}" AND update_time < "{future}"') == [tagged]
+    first = checkpoint_stub.ListPlans(pb.ListPlansRequest(filter='labels.step = "2"', page_size=1))
+    assert len(first.plans) == 1 and first.next_page_token
+
+
 @pytest.mark.parametrize("text", [
     'plan_id = "x"',
     'workspace_root > "/a"',
@@ -99,6 +121,8 @@ def test_filter_by_exact_root_under_root_and_update_time(checkpoint_stub, worksp
     'update_time > "2026-01-01T00:00:00"',
     'workspace_root = "/a" OR workspace_root = "/b"',
     'workspace_root = /a',
+    'labels.agent : "x"',
+    'labels. = "x"',
 ])
 def test_a_bad_filter_is_invalid_argument_with_its_reason(checkpoint_stub, text):
     with pytest.raises(grpc.RpcError) as caught:

@@ -367,7 +367,8 @@ class CheckpointdClient {
    * @param {number} [options.pageSize] 50 when omitted, at most 1000.
    * @param {string} [options.pageToken]
    * @param {string} [options.filter] AIP-160: `workspace_root = "/dir"`, `workspace_root : "/dir"`
-   *   (at or under), `update_time > "2026-01-31T00:00:00Z"` (also <, <=, >=), joined by AND.
+   *   (at or under), `update_time > "2026-01-31T00:00:00Z"` (also <, <=, >=), `labels.KEY = "VALUE"`
+   *   (one of the plan's checkpoints has that label), joined by AND.
    * @param {number} [options.deadlineMs]
    * @returns {Promise<{plans: Plan[], nextPageToken: string}>}
    */

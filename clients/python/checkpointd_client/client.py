@@ -307,7 +307,8 @@ class CheckpointClient:
 
     def list_plans(self, *, filter_expr: str = "", page_size: int = 0, timeout: float | None = None) -> list[Plan]:
         """Every plan matching the AIP-160 filter (all pages), newest plan id first. Filter fields:
-        `workspace_root = "/dir"`, `workspace_root : "/dir"` (at or under) and `update_time > "RFC 3339"`."""
+        `workspace_root = "/dir"`, `workspace_root : "/dir"` (at or under), `update_time > "RFC 3339"` and
+        `labels.KEY = "VALUE"` (one of the plan's checkpoints has that label)."""
         plans: list[Plan] = []
         page_token = ""
         while True:

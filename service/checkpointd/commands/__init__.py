@@ -170,7 +170,8 @@ def register_commands(commands) -> None:
                        help="only plans whose workspace is DIR or lies under it (a relative DIR is resolved here)")
     plans.add_argument("--filter", default="", metavar="EXPR",
                        help='AIP-160 filter: workspace_root = "/dir", workspace_root : "/dir" (at or under), '
-                            'update_time > "2026-01-31T00:00:00Z" (also <, <=, >=), joined by AND')
+                            'update_time > "2026-01-31T00:00:00Z" (also <, <=, >=), labels.KEY = "VALUE" (one '
+                            'of its checkpoints has that label), joined by AND')
     plan = commands.add_parser("plan", help="show one plan", description="Show one plan.")
     plan_verbs = plan.add_subparsers(dest="plan_command", required=True, metavar="VERB")
     plan_show = _client_command(plan_verbs, "show", "show a plan: its workspace, checkpoint count, newest "

@@ -7,7 +7,9 @@ the create path for it.
 
 Filter grammar: ``term (AND term)*``, ``term`` is ``FIELD OP "VALUE"``:
 ``workspace_root = "/abs"`` (exact), ``workspace_root : "/abs"`` (that directory or under it),
-``update_time OP "RFC 3339"`` with OP one of < <= > >=.
+``update_time OP "RFC 3339"`` with OP one of < <= > >=, and ``labels.KEY = "VALUE"``: plans
+with at least one checkpoint carrying that label (a plan's labels are its checkpoints' labels,
+so there is nothing to keep in step; several label terms may be met by different checkpoints).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 
 #: The scope page tokens of ListPlans are issued for (a plan id is never this).
 _TOKEN_SCOPE = "ListPlans"
-_TERM = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|=|:|<|>)\s*"((?:[^"\\]|\\.)*)"\s*')
+_TERM = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_./-]*)\s*(<=|>=|=|:|<|>)\s*"((?:[^"\\]|\\.)*)"\s*')
 _AND = re.compile(r"\s*AND\s*")
 _TIME_OPERATORS = ("<", "<=", ">", ">=")
 
@@ -49,6 +51,8 @@ class PlanFilter:
     under_root: str | None = None
     #: (operator, UTC time) pairs on the newest checkpoint's time.
     update_time: list[tuple[str, datetime]] = field(default_factory=list)
+    #: label key -> value, each carried by at least one of the plan's checkpoints.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def _bad(text: str, why: str) -> InvalidArgument:
@@ -72,6 +76,7 @@ def parse_plan_filter(text: str) -> PlanFilter:
         raise _bad(text, f"longer than {filtering.MAX_FILTER} characters")
     exact = under = None
     times: list[tuple[str, datetime]] = []
+    labels: dict[str, str] = {}
     pos = 0
     for count in range(filtering.MAX_TERMS + 1):
         if count == filtering.MAX_TERMS:
@@ -94,8 +99,12 @@ def parse_plan_filter(text: str) -> PlanFilter:
             if operator not in _TIME_OPERATORS:
                 raise _bad(text, "update_time takes <, <=, > or >=")
             times.append((operator, _time(text, raw)))
+        elif name.startswith("labels.") and len(name) > len("labels."):
+            if operator != "=":
+                raise _bad(text, f'{name} takes = "VALUE"')
+            labels[name.removeprefix("labels.")] = raw
         else:
-            raise _bad(text, f"unknown field {name!r}; use workspace_root or update_time")
+            raise _bad(text, f"unknown field {name!r}; use workspace_root, update_time or labels.KEY")
         pos = match.end()
         if pos == len(text):
             break
@@ -103,7 +112,7 @@ def parse_plan_filter(text: str) -> PlanFilter:
         if not joiner:
             raise _bad(text, f"expected AND at offset {pos}")
         pos = joiner.end()
-    return PlanFilter(exact, under, times)
+    return PlanFilter(exact, under, times, labels)
 
 
 class Plans:
@@ -143,6 +152,11 @@ class Plans:
             activity = func.coalesce(newest, PlanRow.create_time)
             for operator, moment in wanted.update_time:
                 query = query.where(_compare(activity, operator, moment))
+        for key, value in wanted.labels.items():
+            query = query.where(select(CheckpointRow.checkpoint_id)
+                                .where(CheckpointRow.plan_id == PlanRow.plan_id,
+                                       col(CheckpointRow.labels)[key].as_string() == value)
+                                .correlate(PlanRow).exists())
         query = query.order_by(col(PlanRow.plan_id).desc()).limit(size + 1)
         with self.db.session() as session:
             rows = list(session.exec(query).all())
