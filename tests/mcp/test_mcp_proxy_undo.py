@@ -73,6 +73,12 @@ async def test_checkpoint_rollback_restores_the_file_after_a_dry_run(
 
         diff = text_of(await proxy.call("checkpoint_diff", {"checkpoint_id": before_breaking}))
         assert "modified" in diff and "notes.txt" in diff and "added" in diff and "stray.txt" in diff
+        assert "-good" not in diff, "the changed lines are shown on request only"
+        patch = text_of(await proxy.call("checkpoint_diff", {"checkpoint_id": before_breaking, "patch": True}))
+        assert "--- a/notes.txt\n+++ b/notes.txt\n@@ -1 +1 @@\n-good\n+broken\n" in patch
+        assert "+++ b/stray.txt\n@@ -0,0 +1 @@\n+stray\n" in patch
+        refused = await proxy.call("checkpoint_diff", {"checkpoint_id": before_breaking, "patch": "yes"})
+        assert refused.is_error and "patch must be true or false" in text_of(refused)
 
         dry_run = await proxy.call("checkpoint_rollback", {"checkpoint_id": before_breaking})
         assert not dry_run.is_error

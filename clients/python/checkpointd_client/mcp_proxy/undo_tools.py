@@ -18,6 +18,7 @@ import grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd_client.client import Checkpoint, CheckpointClient, FileChange
 from checkpointd_client.errors import CheckpointdRpcError
+from checkpointd_client.patches import format_patch
 from checkpointd_client.vocabulary import trigger_name
 
 LIST_TOOL = "checkpoint_list"
@@ -28,6 +29,9 @@ DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 1000
 # A diff or dry run listing more paths than this says how many more there are instead.
 MAX_LISTED_CHANGES = 200
+# A diff with patch: true shows at most this many characters of changed lines (a model's context
+# is finite; the server already bounds each file and each response).
+MAX_PATCH_CHARS = 100_000
 
 _CHECKPOINT_ID = {"type": "string", "description": "a checkpoint id (a ULID) from checkpoint_list"}
 _PATHS = {
@@ -68,7 +72,8 @@ def definitions(plan_id: str) -> list[dict[str, Any]]:
             "title": "Diff since a checkpoint",
             "description": (
                 "Show which workspace paths changed between a checkpoint and the workspace as it is now, or "
-                "another checkpoint (target_checkpoint_id): added, modified, deleted, type changed."
+                "another checkpoint (target_checkpoint_id): added, modified, deleted, type changed. With "
+                "patch: true, also the changed lines of each text file, as a unified diff."
             ),
             "inputSchema": {
                 "type": "object",
@@ -79,6 +84,12 @@ def definitions(plan_id: str) -> list[dict[str, Any]]:
                         "description": "the newer side; default: the workspace as it is now",
                     },
                     "paths": _PATHS,
+                    "patch": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "true also shows the changed lines (binary and very large files are "
+                        "named, not shown)",
+                    },
                 },
                 "required": ["checkpoint_id"],
                 "additionalProperties": False,
@@ -153,10 +164,10 @@ def _limit(arguments: Mapping[str, Any]) -> int:
     return int(value)
 
 
-def _confirm(arguments: Mapping[str, Any]) -> bool:
-    value = arguments.get("confirm", False)
+def _flag(arguments: Mapping[str, Any], name: str) -> bool:
+    value = arguments.get(name, False)
     if not isinstance(value, bool):
-        raise InvalidArguments(f"confirm must be true or false, got {value!r}")
+        raise InvalidArguments(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -225,19 +236,20 @@ class UndoTools:
                     _unknown_arguments(arguments, ("limit",))
                     answer = partial(self._list_text, _limit(arguments))
                 case "checkpoint_diff":
-                    _unknown_arguments(arguments, ("checkpoint_id", "target_checkpoint_id", "paths"))
+                    _unknown_arguments(arguments, ("checkpoint_id", "target_checkpoint_id", "paths", "patch"))
                     answer = partial(
                         self._diff_text,
                         _string(arguments, "checkpoint_id", required=True),
                         _string(arguments, "target_checkpoint_id", required=False),
                         _paths(arguments),
+                        _flag(arguments, "patch"),
                     )
                 case "checkpoint_rollback":
                     _unknown_arguments(arguments, ("checkpoint_id", "confirm", "paths"))
                     answer = partial(
                         self._rollback_text,
                         _string(arguments, "checkpoint_id", required=True),
-                        _confirm(arguments),
+                        _flag(arguments, "confirm"),
                         _paths(arguments),
                     )
                 case _:
@@ -267,13 +279,22 @@ class UndoTools:
             lines.append(f"... and {len(checkpoints) - len(shown)} older (raise limit to see them)")
         return "\n".join(lines)
 
-    def _diff_text(self, base_id: str, target_id: str, paths: list[str]) -> str:
-        changes = self._checkpoints.diff_checkpoints(base_id, target_id, paths=paths, timeout=self._deadline_s)
+    def _diff_text(self, base_id: str, target_id: str, paths: list[str], patch: bool) -> str:
+        changes = self._checkpoints.diff_checkpoints(base_id, target_id, paths=paths, text_diffs=patch,
+                                                     timeout=self._deadline_s)
         target = f"checkpoint {target_id}" if target_id else "the workspace now"
         if not changes:
             return f"No differences between checkpoint {base_id} and {target}."
         header = f"{_plural(len(changes), 'path')} differ from checkpoint {base_id} to {target}:"
-        return "\n".join([header, *_change_lines(changes, _change_kind)])
+        text = "\n".join([header, *_change_lines(changes, _change_kind)])
+        if not patch:
+            return text
+        lines = format_patch(changes)
+        if len(lines) > MAX_PATCH_CHARS:
+            cut = lines.rfind("\n", 0, MAX_PATCH_CHARS) + 1
+            lines = (lines[:cut] + f"... {len(lines) - cut} more characters of changes not shown: "
+                     "diff fewer paths (paths) to see them\n")
+        return f"{text}\n\n{lines}"
 
     def _rollback_text(self, checkpoint_id: str, confirm: bool, paths: list[str]) -> str:
         response = self._checkpoints.rollback(
