@@ -279,3 +279,34 @@ def test_a_batch_flushed_early_that_fails_leaves_no_change_unrecorded(
         changed = (now is None) != (change.base is None) or (
             now is not None and now.kind is EntryKind.FILE and now != change.base)
         assert not changed or change.path in recorded, f"{change.path} was changed but not recorded: {recorded}"
+
+
+@pytest.mark.parametrize("release, version", [
+    ("6.18.44-fc-v1098", (6, 18)), ("5.8.0", (5, 8)), ("5.7.19-arch1", (5, 7)), ("4.19.0-27-amd64", (4, 19)),
+    ("5.10+rc1", (5, 10)), ("garbage", (0, 0)), ("", (0, 0)),
+])
+def test_kernel_versions_are_read_from_the_release_string(release: str, version: tuple[int, int]) -> None:
+    assert syncbatch.kernel_version(release) == version
+
+
+def test_a_kernel_whose_syncfs_hides_write_errors_syncs_file_by_file(
+    tmp_path: Path, restorer: Restorer, calls: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before Linux 5.8 syncfs(2) returns 0 after a writeback error: a batch acknowledged on it could
+    be lost, so there the files are fsynced one by one."""
+    real = os.uname()
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result((real.sysname, real.nodename, "5.4.0-150-generic",
+                                                               real.version, real.machine)))
+    assert syncbatch._find_syncfs() is None
+    monkeypatch.setattr(syncbatch, "_libc_syncfs", syncbatch._find_syncfs())
+    monkeypatch.setattr(syncbatch, "SYNCFS_MIN", 1)
+    changes = _rollback_changes(restorer, tmp_path)
+    ws = tmp_path / "ws"
+    calls.clear()
+
+    restorer.apply(Workspace(str(ws)), changes)
+
+    synced = {(c[1], c[2]) for c in calls if c[0] == "fsync-file"}
+    for path in ("a.txt", "b.txt", "sub/new.txt"):
+        st = (ws / path).stat()
+        assert (st.st_ino, st.st_size) in synced

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import logging
 import os
 import threading
@@ -34,7 +35,28 @@ SYNC_THREADS = 8
 #: From this many files and directories on, a batch is synced with syncfs (see the module docstring).
 SYNCFS_MIN = 8
 
-_libc_syncfs = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), "syncfs", None)
+#: Linux reports a writeback error to syncfs(2) only from 5.8 on; before, syncfs returns 0 after an
+#: I/O error and a batch would be acknowledged undurable, so older kernels fsync file by file.
+SYNCFS_REPORTS_ERRORS_FROM = (5, 8)
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    """(major, minor) of a ``uname -r`` string such as "6.1.0-18-amd64"; (0, 0) if unreadable."""
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in itertools.takewhile(str.isdigit, parts[1])) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _find_syncfs():
+    """libc's syncfs where it reports writeback errors, else None."""
+    if os.uname().sysname != "Linux" or kernel_version(os.uname().release) < SYNCFS_REPORTS_ERRORS_FROM:
+        return None
+    return getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), "syncfs", None)
+
+
+_libc_syncfs = _find_syncfs()
 
 
 def _syncfs(fd: int) -> None:
