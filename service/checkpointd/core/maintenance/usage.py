@@ -21,9 +21,10 @@ whole first, and packs shrink only when compacted).
 Neither counts what the store spends besides objects (pack headers, records nothing indexes any
 more until compaction, SQLite's write-ahead logs): the store's own totals, in ``StoreUsage``, do.
 
-The cost is one walk of each plan's trees (each node read once per plan that references it) and
-one size lookup per distinct referenced object: this runs in maintenance threads or on demand,
-never on a scrape or an RPC.
+The cost is about a garbage collection's marking with a cold cache: each plan's trees are walked
+(a node two plans share is decoded once, while the measurement's own ``Trees`` cache holds it) and
+each distinct referenced object's size is looked up once. It runs in the server's usage thread or
+on demand (``checkpointd stats``), never on a scrape or an RPC.
 """
 
 from __future__ import annotations
