@@ -22,6 +22,7 @@ from checkpoint.v1 import checkpoint_service_pb2
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.telemetry import CaptureMode, Durable, GcReport
 from checkpointd.core.maintenance.retention import store_footprint
+from checkpointd.core.maintenance.usage import PlansUsage
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.db_store import DatabaseStore
 from checkpointd.listeners import Listener, parse_tcp
@@ -35,6 +36,23 @@ _STORE_BYTES = ("checkpointd_store_bytes", "Bytes held by the content store (dis
 _STORE_OBJECTS = ("checkpointd_store_objects", "Objects in the content store.")
 #: A scrape re-measures the store at most this often (a GC report refreshes it too).
 STORE_SCAN_SECONDS = 60.0
+_PLAN_STORE_BYTES = ("checkpointd_plan_store_bytes",
+                     "Bytes the distinct objects a plan's checkpoints reference take in the content store "
+                     "(compressed, as stored; shared content counts in every plan that references it), for the "
+                     "plans with the most, as last measured (see checkpointd_plan_usage_timestamp_seconds).",
+                     None, ["plan_id"])
+_PLAN_EXCLUSIVE_BYTES = ("checkpointd_plan_exclusive_store_bytes",
+                         "The part of checkpointd_plan_store_bytes no other plan references: what deleting the "
+                         "plan's checkpoints would let garbage collection reclaim.", None, ["plan_id"])
+_PLAN_USAGE_PLANS = ("checkpointd_plan_usage_plans",
+                     "Plans with checkpoints at the last measurement (only the largest "
+                     "PLAN_USAGE_EXPORTED get a checkpointd_plan_store_bytes series).")
+_PLAN_USAGE_TIMESTAMP = ("checkpointd_plan_usage_timestamp_seconds",
+                         "When the last per-plan store usage measurement started (Unix time); absent before the "
+                         "first.")
+#: Per-plan series exported at most (the plans with the most store_bytes): one series per plan
+#: would grow without bound with the plans a server has seen.
+PLAN_USAGE_EXPORTED = 100
 
 
 def _split_method(full_method: str) -> tuple[str, str]:
@@ -74,6 +92,40 @@ class _StoreUsage:
             self._measure()
         yield GaugeMetricFamily(*_STORE_BYTES, value=self._bytes)
         yield GaugeMetricFamily(*_STORE_OBJECTS, value=self._objects)
+
+
+class _PlanUsage:
+    """checkpointd_plan_store_bytes and friends: what the last measurement (made by the server's
+    usage thread, see core.maintenance.usage) found; a scrape only reads it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._usage: PlansUsage | None = None
+
+    def update(self, usage: PlansUsage) -> None:
+        with self._lock:
+            self._usage = usage
+
+    def describe(self):
+        yield GaugeMetricFamily(*_PLAN_STORE_BYTES)
+        yield GaugeMetricFamily(*_PLAN_EXCLUSIVE_BYTES)
+        yield GaugeMetricFamily(*_PLAN_USAGE_PLANS)
+        yield GaugeMetricFamily(*_PLAN_USAGE_TIMESTAMP)
+
+    def collect(self):
+        with self._lock:
+            usage = self._usage
+        store_bytes = GaugeMetricFamily(*_PLAN_STORE_BYTES)
+        exclusive_bytes = GaugeMetricFamily(*_PLAN_EXCLUSIVE_BYTES)
+        if usage is None:
+            yield from (store_bytes, exclusive_bytes)
+            return
+        for plan in usage.plans[:PLAN_USAGE_EXPORTED]:  # largest first
+            store_bytes.add_metric([plan.plan_id], plan.store_bytes)
+            exclusive_bytes.add_metric([plan.plan_id], plan.exclusive_bytes)
+        yield from (store_bytes, exclusive_bytes)
+        yield GaugeMetricFamily(*_PLAN_USAGE_PLANS, value=len(usage.plans))
+        yield GaugeMetricFamily(*_PLAN_USAGE_TIMESTAMP, value=usage.measured_at)
 
 
 class PrometheusMetrics(telemetry.Sink):
@@ -120,6 +172,8 @@ class PrometheusMetrics(telemetry.Sink):
                                          buckets=_SYNC_BUCKETS, registry=r)
         self.store_usage = _StoreUsage(store)
         r.register(self.store_usage)
+        self.plan_usage = _PlanUsage()
+        r.register(self.plan_usage)
         self._http: Any = None
 
     # -- RPCs (api.access.RpcRecorder) --------------------------------------------------

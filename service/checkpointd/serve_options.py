@@ -104,6 +104,11 @@ def add_operations_options(serve: argparse.ArgumentParser) -> None:
         help="apply retention (core.retention.* config keys) and collect unreferenced content every SECONDS; "
              "0 disables. With the disk store this server must then be the only one on its data dir. "
              "Env CHECKPOINTD_GC_INTERVAL. Default: 0 (off)")
+    ops.add_argument(
+        "--usage-interval", type=_seconds, default=_env("USAGE_INTERVAL", "300"), metavar="SECONDS",
+        help="with --metrics-listen, measure what each plan's checkpoints take in the content store "
+             "(checkpointd_plan_store_bytes) at start-up and then every SECONDS, in the background; 0 disables. "
+             "Env CHECKPOINTD_USAGE_INTERVAL. Default: 300")
 
 
 def _token(args: argparse.Namespace) -> TokenSource | None:
@@ -133,4 +138,5 @@ def operations_settings(args: argparse.Namespace) -> dict[str, Any]:
         "allow_unauthenticated_remote": args.allow_unauthenticated_remote,
         "metrics_listen": args.metrics_listen,
         "gc_interval_seconds": args.gc_interval,
+        "usage_interval_seconds": args.usage_interval,
     }

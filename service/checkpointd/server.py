@@ -49,6 +49,7 @@ from checkpointd.core.maintenance.datadir_lock import DataDirLock, ServingLock, 
 from checkpointd.core.maintenance.fsck import FsckReport
 from checkpointd.core.maintenance.fsck import check as check_integrity
 from checkpointd.core.maintenance.retention import GcPostponed, Maintenance, MaintenanceReport
+from checkpointd.core.maintenance.usage import PlansUsage, plans_usage
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.restore.journal import LEGACY_DIRECTORY
 from checkpointd.core.store.db_store import StoreKind, open_store
@@ -111,6 +112,9 @@ class ServerSettings:
     metrics_listen: str = ""
     #: Seconds between retention + GC runs; 0 for none.
     gc_interval_seconds: float = 0.0
+    #: Seconds between measurements of each plan's store usage for the metrics (with
+    #: ``metrics_listen`` only); 0 for none.
+    usage_interval_seconds: float = 300.0
 
     @property
     def database_url(self) -> str:
@@ -196,6 +200,7 @@ class CheckpointdServer:
         self.metrics_address = ""
         self._unix_paths: list[str] = []
         self._maintenance_thread: threading.Thread | None = None
+        self._usage_thread: threading.Thread | None = None
         self._on_loop(self._build(listeners))
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -269,6 +274,9 @@ class CheckpointdServer:
             self._maintenance_thread = threading.Thread(target=self._maintenance_loop, name="maintenance",
                                                         daemon=True)
             self._maintenance_thread.start()
+        if self.metrics is not None and self.settings.usage_interval_seconds > 0:
+            self._usage_thread = threading.Thread(target=self._usage_loop, name="usage", daemon=True)
+            self._usage_thread.start()
         log.info("checkpointd listening on %s", " ".join(self.addresses))
 
     async def _start(self) -> None:
@@ -294,6 +302,30 @@ class CheckpointdServer:
                 log.exception("retention/GC run failed; retrying in %ss", self.settings.gc_interval_seconds)
                 if self.metrics is not None:
                     self.metrics.maintenance_failed()
+
+    def measure_usage(self) -> PlansUsage:
+        """Each plan's store usage, now, into the metrics (the usage thread calls this)."""
+        usage = plans_usage(self.db, self.store)
+        if usage.missing_nodes:
+            # A checkpoint deleted, and its objects collected, while it was being measured.
+            log.debug("store usage: %d referenced tree node(s) could not be read", usage.missing_nodes)
+        if self.metrics is not None:
+            self.metrics.plan_usage.update(usage)
+        return usage
+
+    def _usage_loop(self) -> None:
+        """Measures at once, then every ``usage_interval_seconds``, off the event loop: a scrape
+        only reads the last measurement."""
+        interval = self.settings.usage_interval_seconds
+        while not self._stopping.is_set():
+            try:
+                self.measure_usage()
+            except Exception:
+                if self._stopping.is_set():
+                    return
+                log.exception("measuring the store usage of each plan failed; retrying in %ss", interval)
+            if self._stopping.wait(interval):
+                return
 
     def stop(self, grace: float | None = None) -> None:
         """Drains: health flips to NOT_SERVING first and new calls are refused (UNAVAILABLE /
@@ -321,8 +353,9 @@ class CheckpointdServer:
         self._loop_thread.join()
         self._loop.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        if self._maintenance_thread is not None:
-            self._maintenance_thread.join(timeout=grace)
+        for thread in (self._maintenance_thread, self._usage_thread):
+            if thread is not None:
+                thread.join(timeout=grace)
         for path in self._unix_paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

@@ -76,8 +76,12 @@ class OpsServer(RunningServer):
             return False
 
     def metrics_url(self) -> str:
-        found = re.findall(r"checkpointd metrics: (http://\S+)", self.log_path.read_text())
-        assert found, f"no metrics address in the server log:\n{self.log()}"
+        """The address the server printed; it prints it just after health turns SERVING (after
+        ``CheckpointdServer.start``), so a test may get here first."""
+        def printed() -> list[str]:
+            return re.findall(r"checkpointd metrics: (http://\S+)", self.log_path.read_text())
+
+        found = printed() or wait_until(printed, f"the metrics address in the server log:\n{self.log()}", 30)
         return found[-1]
 
     def scrape(self) -> str:

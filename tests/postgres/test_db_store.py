@@ -320,6 +320,15 @@ def test_stored_size_counts_the_stored_bytes(objects):
     assert 0 < objects.stored_size(compressible) < 100_000
     assert objects.stored_size(raw) == MIB + 3
     assert objects.stored_size("0" * 64) is None
+    # In bulk, more than one query's worth: the same figures, and nothing for what is not stored.
+    with objects.batch() as batch:
+        many = [batch.put_bytes(b"object %d " % n * 50) for n in range(1200)]
+    staged = objects.batch()
+    pending = staged.put_bytes(b"not committed")
+    wanted = [compressible, raw, "0" * 64, pending, *many]
+    assert objects.stored_sizes(wanted) == {digest: objects.stored_size(digest)
+                                            for digest in (compressible, raw, *many)}
+    staged.abort()
 
 
 def held_advisory_locks(database: Database) -> int:

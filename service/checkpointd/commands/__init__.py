@@ -250,12 +250,16 @@ def register_commands(commands) -> None:
 
     stats = commands.add_parser(
         "stats", help="show what each plan's checkpoints hold in the content store, offline",
-        description="For each plan: its checkpoints, the objects they reference and the bytes those take in the "
-                    "store (an object two plans share counts in both); then the whole store and SQLite's "
-                    "write-ahead logs. Works directly on a data directory, like gc: refuses while a server uses it.")
+        description="For each plan: its checkpoints, the distinct objects they reference, the bytes those take in "
+                    "the store as stored (compressed; an object two plans share counts in both) and the part of "
+                    "it no other plan references (what deleting the plan would reclaim); then the whole store and "
+                    "SQLite's write-ahead logs. Works directly on a data directory, like gc: refuses while a "
+                    "server uses it.")
     stats.add_argument("--data-dir", type=Path, default=default_data_dir())
     stats.add_argument("--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""))
     stats.add_argument("--store", choices=("disk", "db"), default=os.environ.get("CHECKPOINTD_STORE", "disk"))
+    stats.add_argument("--plan", action="append", default=[], metavar="PLAN",
+                       help="show only this plan (repeatable); exit 1 if it has no checkpoints")
     _json_option(stats)
     stats.set_defaults(run=_lazy("stats", "stats"))
 

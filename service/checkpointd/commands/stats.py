@@ -16,18 +16,21 @@ from checkpointd.core.store.db_store import open_store
 from checkpointd.server import ServerSettings
 
 
-def _table(usage: StoreUsage) -> Table:
+def _table(usage: StoreUsage, whole_store: bool) -> Table:
     table = Table(title="content store by plan (an object two plans share counts in both)", box=box.SIMPLE,
                   title_justify="left")
     table.add_column("plan")
     table.add_column("checkpoints", justify="right")
     table.add_column("objects", justify="right")
     table.add_column("store bytes", justify="right")
+    table.add_column("exclusive bytes", justify="right")
     for plan in usage.plans:
-        table.add_row(plan.plan_id, str(plan.checkpoints), str(plan.objects), render.human_size(plan.store_bytes))
-    table.add_section()
-    table.add_row("whole store", "", str(usage.store_objects), render.human_size(usage.store_bytes))
-    table.add_row("SQLite write-ahead logs", "", "", render.human_size(usage.wal_bytes))
+        table.add_row(plan.plan_id, str(plan.checkpoints), str(plan.objects), render.human_size(plan.store_bytes),
+                      render.human_size(plan.exclusive_bytes))
+    if whole_store:
+        table.add_section()
+        table.add_row("whole store", "", str(usage.store_objects), render.human_size(usage.store_bytes), "")
+        table.add_row("SQLite write-ahead logs", "", "", render.human_size(usage.wal_bytes), "")
     return table
 
 
@@ -44,16 +47,20 @@ def stats(args: argparse.Namespace) -> int:
             if needs_data_dir_lock(args.store, db):
                 stack.enter_context(DataDirLock(data_dir, exclusive=True))
             db.migrate()
-            usage = store_usage(db, open_store(args.store, db, data_dir), data_dir)
+            usage = store_usage(db, open_store(args.store, db, data_dir), data_dir, args.plan)
     except DataDirBusy as exc:
         render.err.print(f"error: {exc}", highlight=False)
         return 1
     finally:
         db.dispose()
+    unknown = sorted(set(args.plan) - {plan.plan_id for plan in usage.plans})
+    if unknown:
+        render.err.print(f"error: no checkpoints of plan {', '.join(unknown)} in {data_dir}", highlight=False)
+        return 1
     if args.json:
         render.emit_json(usage.as_dict())
     else:
-        render.out.print(_table(usage))
+        render.out.print(_table(usage, whole_store=not args.plan))
     if usage.missing_nodes:
         render.err.print(f"warning: {usage.missing_nodes} referenced tree node(s) could not be read; run "
                          "`checkpointd fsck`", highlight=False)

@@ -21,6 +21,26 @@ def test_identical_content_is_stored_once(tmp_path):
     assert list(store.iter_digests()) == [first]
 
 
+def test_stored_sizes_are_what_each_object_takes_as_stored(tmp_path):
+    store = ContentStore(tmp_path)
+    random_bytes = os.urandom(5000)
+    with store.batch() as batch:
+        compressible = batch.put_bytes(b"z" * 100_000)
+        raw = batch.put_bytes(random_bytes)
+        loose = batch.put_bytes(os.urandom((1 << 20) + 5))
+    with store.batch() as batch:
+        delta = batch.put_bytes(random_bytes + b"!", similar=raw)  # against a committed base
+    staged = store.batch()
+    pending = staged.put_bytes(b"not committed")
+    sizes = store.stored_sizes([compressible, raw, loose, delta, pending, "0" * 64])
+    assert sizes.keys() == {compressible, raw, loose, delta}
+    assert 37 < sizes[compressible] < 1000  # a pack record: 37-byte header, zstd body
+    assert sizes[raw] == 37 + 5000
+    assert sizes[loose] == store.path_of(loose).stat().st_size == 1 + (1 << 20) + 5
+    assert 37 < sizes[delta] < 1000  # a delta against raw
+    staged.abort()
+
+
 def test_nothing_is_visible_under_its_final_name_before_commit_and_abort_leaves_nothing(tmp_path):
     store = ContentStore(tmp_path)
     batch = store.batch()

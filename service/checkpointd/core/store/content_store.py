@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -397,6 +397,16 @@ class ContentStore(PackReplay, Compaction):
             return self.path_of(digest).stat().st_size
         except FileNotFoundError:
             return None
+
+    def stored_sizes(self, digests: Iterable[str]) -> dict[str, int]:
+        """``stored_size`` of each of ``digests`` that is stored (a pack record: its header and
+        body, compressed or a delta against its base; a loose object: its file)."""
+        sizes = {}
+        for digest in digests:
+            size = self.stored_size(digest)
+            if size is not None:
+                sizes[digest] = size
+        return sizes
 
     def iter_digests(self) -> Iterator[str]:
         yield from list(self._committed)
