@@ -5,13 +5,18 @@ watched capture with a full scan of the same workspace (see conftest.Engines.che
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
 import threading
+import time
 from pathlib import Path
 
-from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE
+from checkpointd.core.capture import capturer as capturer_module
+from checkpointd.core.capture import snapshot as snapshot_module
+from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE, SKIP_UNREADABLE
+from checkpointd.core.kernel.telemetry import CaptureMode
 from tests.engine.conftest import write
 
 
@@ -367,3 +372,102 @@ def test_any_deletion_from_the_store_makes_the_next_capture_scan_fully(engines):
         engines.store.delete(stray)
     engines.check(expect="full")
     engines.check()
+
+
+def test_a_file_of_exactly_the_size_limit_is_captured(engines):
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    engines.check(expect="full")
+    write(engines.root / "pkg0/limit.bin", b"x" * 100)
+    write(engines.root / "pkg0/over.bin", b"x" * 101)
+    result = engines.check()
+    assert {s.path for s in result.skipped} == {"pkg0/over.bin"}
+
+
+def test_a_linked_file_left_alone_by_one_capture_is_still_examined_by_the_next(engines, tmp_path):
+    """A capture in which a file with several names did not change must keep it among the
+    files every capture re-examines: a write through its name outside comes later."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=2, files=2)
+    os.link(engines.root / "pkg0/sub0/file0.txt", outside / "alias")
+    an_hour_ago = time.time() - 3600  # not just written: the stat index vouches for it
+    for path in engines.root.rglob("*.txt"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    engines.check(expect="full")
+    write(engines.root / "pkg1/sub1/file1.txt", "an unrelated edit\n")
+    engines.check()
+    _overwrite(outside / "alias", "written through the name outside, after a capture that left it alone\n")
+    engines.check()
+
+
+def test_a_directory_whose_mode_changed_is_not_scanned_again(engines, monkeypatch):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    scanned = []
+    real_scan = engines.watched.snapshotter.scan
+
+    def scan(dir_fd, prefix, *rest):
+        scanned.append(prefix)
+        return real_scan(dir_fd, prefix, *rest)
+
+    monkeypatch.setattr(engines.watched.snapshotter, "scan", scan)
+    os.chmod(engines.root / "pkg0", 0o750)
+    engines.check()
+    assert scanned == []
+
+
+def test_unchanged_files_of_a_directory_scanned_again_are_not_read_again(engines, tmp_path, monkeypatch):
+    """A directory moved out and back is scanned whole; the stat index spares the reads of its
+    unchanged files, then and the next time it is scanned."""
+    _populate(engines.root, dirs=2, files=3)
+    an_hour_ago = time.time() - 3600
+    for path in engines.root.rglob("*.txt"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    engines.check(expect="full")
+    read: list[str] = []
+    real = snapshot_module._read_files
+
+    def spy(dir_fd, names, batch, *rest):
+        read.extend(name for name, _similar in names)
+        return real(dir_fd, names, batch, *rest)
+
+    for _round in range(2):
+        os.rename(engines.root / "pkg0", tmp_path / "away")
+        os.rename(tmp_path / "away", engines.root / "pkg0")
+        with monkeypatch.context() as patch:
+            patch.setattr(snapshot_module, "_read_files", spy)
+            engines.capture(engines.watched)
+        assert read == []
+        engines.check()
+
+
+def test_a_file_that_cannot_be_read_is_skipped_as_unreadable_by_an_incremental_capture(engines, monkeypatch):
+    """The tests run as root, which reads every file: an unreadable one is simulated."""
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    write(engines.root / "pkg0/sub0/file0.txt", "cannot be read any more\n")
+    real = capturer_module.read_file
+    monkeypatch.setattr(capturer_module, "read_file",
+                        lambda dir_fd, name, *rest: None if name == "file0.txt" else real(dir_fd, name, *rest))
+    before = dict(engines.watched.counts)
+    result = engines.capture(engines.watched)
+    assert engines.watched.counts[CaptureMode.INCREMENTAL] == before[CaptureMode.INCREMENTAL] + 1
+    assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/sub0/file0.txt", SKIP_UNREADABLE)]
+
+
+def test_a_file_the_incremental_capture_cannot_examine_leaves_it_to_a_full_scan(engines, monkeypatch):
+    """An error other than "gone" while a dirty path is examined (an I/O error, simulated) does
+    not fail the checkpoint: the capture scans fully instead."""
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    write(engines.root / "pkg0/sub0/file0.txt", "the disk failed while this was read\n")
+    real = capturer_module.read_file
+
+    def failing(dir_fd, name, *rest):
+        if name == "file0.txt":
+            raise OSError(errno.EIO, "Input/output error")
+        return real(dir_fd, name, *rest)
+
+    monkeypatch.setattr(capturer_module, "read_file", failing)
+    engines.check(expect="full")
