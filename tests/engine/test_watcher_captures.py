@@ -11,6 +11,7 @@ import random
 import shutil
 import threading
 import time
+import types
 from pathlib import Path
 
 from checkpointd.core.capture import capturer as capturer_module
@@ -471,3 +472,48 @@ def test_a_file_the_incremental_capture_cannot_examine_leaves_it_to_a_full_scan(
 
     monkeypatch.setattr(capturer_module, "read_file", failing)
     engines.check(expect="full")
+
+
+def test_a_symlink_replaced_by_a_file_while_it_is_read_is_looked_at_again(engines, monkeypatch):
+    """An entry that changes type between two looks at it (here: between lstat and readlink,
+    the race made deterministic) is examined again, not left to a full scan."""
+    _populate(engines.root, dirs=1, files=1)
+    engines.check(expect="full")
+    link = engines.root / "pkg0/link"
+    os.symlink("../README.md", link)
+    real_readlink = os.readlink
+
+    def replaced_meanwhile(name, *, dir_fd=None):
+        if name == "link" and link.is_symlink():
+            link.unlink()
+            link.write_text("a regular file now\n")
+        return real_readlink(name, dir_fd=dir_fd)  # EINVAL for a regular file
+
+    patched_os = types.ModuleType("os")
+    patched_os.__dict__.update(os.__dict__)
+    patched_os.readlink = replaced_meanwhile
+    monkeypatch.setattr(capturer_module, "os", patched_os)
+    engines.check()
+
+
+def test_a_file_that_gains_a_name_while_it_is_read_is_known_as_linked(engines, tmp_path, monkeypatch):
+    """A file linked elsewhere between its lstat and its read (the race made deterministic):
+    the capture must learn it has several names, so that a write through the other one is seen."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    target = engines.root / "pkg0/sub0/file0.txt"
+    write(target, "edited, then linked while it was read\n")
+    real = capturer_module.read_file
+
+    def linked_meanwhile(dir_fd, name, *rest):
+        if name == "file0.txt" and not (outside / "alias").exists():
+            os.link(target, outside / "alias")
+        return real(dir_fd, name, *rest)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(capturer_module, "read_file", linked_meanwhile)
+        engines.check(expect="full")
+    _overwrite(outside / "alias", "written through the name it gained\n")
+    engines.check()
