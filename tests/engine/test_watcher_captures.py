@@ -517,3 +517,25 @@ def test_a_file_that_gains_a_name_while_it_is_read_is_known_as_linked(engines, t
         engines.check(expect="full")
     _overwrite(outside / "alias", "written through the name it gained\n")
     engines.check()
+
+
+def test_files_skipped_inside_a_new_directory_are_reported(engines):
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    engines.check(expect="full")
+    write(engines.root / "added/inner/big.bin", b"x" * 500)
+    write(engines.root / "added/small.txt", "small\n")
+    result = engines.check()
+    assert [(s.path, s.reason) for s in result.skipped] == [("added/inner/big.bin", SKIP_TOO_LARGE)]
+
+
+def test_an_edit_at_the_deepest_level_a_capture_enters_is_seen(engines):
+    """Directories are entered down to MAX_DIR_DEPTH slashes: a file in the deepest one entered
+    is captured, and so is an edit to it."""
+    _populate(engines.root, dirs=1, files=1)
+    deepest = engines.root.joinpath(*["d"] * snapshot_module.MAX_DIR_DEPTH)
+    write(deepest / "leaf.txt", "at the deepest level\n")
+    engines.check(expect="full")
+    write(deepest / "leaf.txt", "edited at the deepest level\n")
+    result = engines.check()
+    assert result.file_count == 3

@@ -126,15 +126,20 @@ def test_stored_size_is_the_record_of_a_packed_object_and_none_for_an_unknown_on
     assert store.stored_size("ab" * 32) is None
 
 
-def test_a_reopened_store_appends_to_its_last_pack(tmp_path):
+def test_a_reopened_store_appends_to_its_last_pack(tmp_path, monkeypatch):
     store = ContentStore(tmp_path)
     with store.batch() as batch:
-        batch.put_bytes(b"before the restart " * 10)
+        batch.put_bytes(os.urandom(300))
+    with monkeypatch.context() as patch:
+        patch.setattr(store_module, "PACK_ROTATE_BYTES", _packs(store)[0].stat().st_size)
+        with store.batch() as batch:
+            batch.put_bytes(b"before the restart " * 10)
     store.close()
+    assert len(_packs(store)) == 2
     reopened = ContentStore(tmp_path)
     with reopened.batch() as batch:
         after = batch.put_bytes(b"after the restart " * 10)
-    assert len(_packs(reopened)) == 1
+    assert len(_packs(reopened)) == 2 and reopened._committed[after].pack.number == 2
     assert ContentStore(tmp_path).read_bytes(after) == b"after the restart " * 10
 
 
