@@ -539,3 +539,57 @@ def test_an_edit_at_the_deepest_level_a_capture_enters_is_seen(engines):
     write(deepest / "leaf.txt", "edited at the deepest level\n")
     result = engines.check()
     assert result.file_count == 3
+
+
+def test_a_new_directory_replaced_by_a_symlink_while_it_is_opened_is_looked_at_again(engines, tmp_path,
+                                                                                       monkeypatch):
+    """The race of the readlink test above, for a directory: replaced by a symlink between its
+    lstat and its open (made deterministic)."""
+    _populate(engines.root, dirs=1, files=1)
+    engines.check(expect="full")
+    added = engines.root / "added"
+    write(added / "inner.txt", "in a directory about to be replaced\n")
+    real_open = os.open
+
+    def replaced_meanwhile(name, flags, *rest, dir_fd=None, **kwargs):
+        if name == "added" and not added.is_symlink():
+            os.rename(added, tmp_path / "moved-away")
+            os.symlink("pkg0", added)
+        return real_open(name, flags, *rest, dir_fd=dir_fd, **kwargs)  # ELOOP: a symlink now
+
+    patched_os = types.ModuleType("os")
+    patched_os.__dict__.update(os.__dict__)
+    patched_os.open = replaced_meanwhile
+    monkeypatch.setattr(capturer_module, "os", patched_os)
+    engines.check()
+
+
+def test_a_file_read_by_an_incremental_capture_is_not_read_again_while_unchanged(engines, monkeypatch):
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    path = engines.root / "pkg0/sub0/file0.txt"
+    write(path, "edited once\n")
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
+    engines.check()
+    read: list[str] = []
+    real = capturer_module.read_file
+
+    def spy(dir_fd, name, *rest):
+        read.append(name)
+        return real(dir_fd, name, *rest)
+
+    monkeypatch.setattr(capturer_module, "read_file", spy)
+    open(path, "ab").close()  # reported (a close after writing), nothing changed
+    engines.check()
+    assert read == []
+
+
+def test_files_skipped_in_a_directory_whose_mode_changed_are_still_reported(engines):
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    write(engines.root / "pkg0/big.bin", b"x" * 500)
+    engines.check(expect="full")
+    os.chmod(engines.root / "pkg0", 0o750)
+    result = engines.check()
+    assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/big.bin", SKIP_TOO_LARGE)]

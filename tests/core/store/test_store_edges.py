@@ -356,3 +356,57 @@ def test_a_pack_is_compacted_once_more_than_half_of_it_is_dead_to_the_byte(tmp_p
     store.delete(doomed)
     assert not pack.exists(), "the pack was not compacted"
     assert store.read_bytes(kept) and ContentStore(tmp_path).has(kept)
+
+
+def test_pack_files_are_readable_and_writable_by_their_owner_only(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        batch.put_bytes(b"workspace content is private " * 4)
+    assert [pack.stat().st_mode & 0o777 for pack in _packs(store)] == [0o600]
+
+
+def test_a_pack_file_removed_under_an_open_store_is_reported_as_damage(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        batch.put_bytes(b"in a pack that goes missing " * 4)
+    [pack] = _packs(store)
+    pack.unlink()
+    [(subject, detail)] = store.damage()
+    assert subject == pack.name and "cannot be read" in detail
+
+
+def _raw_record(data: bytes, kind: bytes = b"R", body: bytes | None = None) -> bytes:
+    body = data if body is None else body
+    return hashlib.sha256(data).digest() + kind + len(body).to_bytes(4, "big") + body
+
+
+def test_an_unsynced_record_that_does_not_verify_ends_the_pack_even_if_a_good_one_follows(tmp_path):
+    """Past the durable hint, the first record that does not verify is where a crash cut the
+    writes short: it and everything after it are cut off."""
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        kept = batch.put_bytes(os.urandom(200))
+    [pack] = _packs(store)
+    intact = pack.stat().st_size
+    later = os.urandom(200)
+    with open(pack, "ab") as f:
+        f.write(_raw_record(os.urandom(200), body=os.urandom(200)) + _raw_record(later))
+    reopened = ContentStore(tmp_path)
+    assert pack.stat().st_size == intact
+    assert reopened.has(kept) and not reopened.has(hashlib.sha256(later).hexdigest())
+
+
+def test_an_unsynced_delta_that_does_not_reproduce_its_object_is_dropped_on_open(tmp_path):
+    store = ContentStore(tmp_path)
+    first, second = _versions()
+    with store.batch() as batch:
+        base = batch.put_bytes(first)
+    [pack] = _packs(store)
+    garbage = zstandard.ZstdCompressor().compress(b"not the delta of anything " * 20)
+    body = bytes.fromhex(base) + bytes([1]) + garbage
+    with open(pack, "ab") as f:
+        f.write(_raw_record(second, kind=b"Y", body=body))
+    store.close()
+    reopened = ContentStore(tmp_path)
+    assert not reopened.has(hashlib.sha256(second).hexdigest())
+    assert reopened.read_bytes(base) == first
