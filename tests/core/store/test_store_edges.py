@@ -410,3 +410,39 @@ def test_an_unsynced_delta_that_does_not_reproduce_its_object_is_dropped_on_open
     reopened = ContentStore(tmp_path)
     assert not reopened.has(hashlib.sha256(second).hexdigest())
     assert reopened.read_bytes(base) == first
+
+
+def test_a_large_object_is_readable_before_its_batch_commits(tmp_path):
+    store = ContentStore(tmp_path)
+    data = os.urandom(store_module.COMPRESS_LIMIT + 10)
+    batch = store.batch()
+    digest = batch.put_bytes(data)
+    assert not store.has(digest) and store.read_bytes(digest) == data
+    batch.commit()
+    assert store.read_bytes(digest) == data
+
+
+def test_closing_a_store_closes_its_pack_files(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        batch.put_bytes(b"an object in a pack " * 4)
+    fds = [pack.fd for pack in store._packs]
+    assert fds
+    store.close()
+    for fd in fds:
+        with pytest.raises(OSError) as closed:
+            os.fstat(fd)
+        assert closed.value.errno == errno.EBADF
+
+
+def test_a_pack_cut_short_within_its_durable_part_does_not_index_the_cut_record(tmp_path):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        kept = batch.put_bytes(os.urandom(300))
+        cut = batch.put_bytes(os.urandom(300))
+    store.close()
+    [pack] = _packs(store)
+    os.truncate(pack, pack.stat().st_size - 10)
+    reopened = ContentStore(tmp_path)
+    assert reopened.has(kept) and not reopened.has(cut)
+    assert reopened.read_bytes(kept)
