@@ -593,3 +593,20 @@ def test_files_skipped_in_a_directory_whose_mode_changed_are_still_reported(engi
     os.chmod(engines.root / "pkg0", 0o750)
     result = engines.check()
     assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/big.bin", SKIP_TOO_LARGE)]
+
+
+def test_a_file_with_several_names_that_is_too_large_stays_skipped(engines, tmp_path):
+    """Never read, it has no stat index entry: every capture examines it again all the same."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    write(engines.root / "pkg0/big.bin", b"x" * 500)
+    os.link(engines.root / "pkg0/big.bin", outside / "alias")
+    engines.check(expect="full")
+    write(engines.root / "README.md", "an unrelated edit\n")
+    result = engines.check()
+    assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/big.bin", SKIP_TOO_LARGE)]
+    _overwrite(outside / "alias", "small now, through its other name\n")
+    result = engines.check()
+    assert result.skipped == []
