@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 import threading
+import time
 import types
 import zlib
 
@@ -17,6 +18,7 @@ import zstandard
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import DataLoss, ResourceExhausted
 from checkpointd.core.store import content_store as store_module
+from checkpointd.core.store import packs as packs_module
 from checkpointd.core.store.content_store import ContentStore, Postponed, SharedExclusiveLock
 from checkpointd.core.workspace.readworker import RECORD, pack_body
 
@@ -81,16 +83,19 @@ def test_commits_report_one_durable_wait_and_an_empty_commit_none(tmp_path, monk
 
     class Recording(telemetry.Sink):
         def made_durable(self, what, seconds):
-            waits.append(what)
+            waits.append((what, seconds))
 
     monkeypatch.setattr(telemetry, "_sink", Recording())
     store = ContentStore(tmp_path)
     with store.batch():
         pass
     assert waits == []
+    before = time.perf_counter()
     with store.batch() as batch:
         batch.put_bytes(b"packed, synced " * 10)
-    assert waits == [telemetry.Durable.OBJECTS]
+    elapsed = time.perf_counter() - before
+    [(what, seconds)] = waits
+    assert what == telemetry.Durable.OBJECTS and 0 <= seconds <= elapsed
 
 
 def test_syncfs_falls_back_to_a_global_sync_only_when_it_fails(tmp_path, monkeypatch):
@@ -448,6 +453,10 @@ def test_a_pack_cut_short_within_its_durable_part_does_not_index_the_cut_record(
     reopened = ContentStore(tmp_path)
     assert reopened.has(kept) and not reopened.has(cut)
     assert reopened.read_bytes(kept)
+    assert reopened.damage() == []  # cut back to its last whole record, like a torn tail
+    with reopened.batch() as batch:
+        batch.put_bytes(b"appended to the same pack " * 4)
+    assert _packs(reopened) == [pack]
 
 
 def test_a_file_too_short_to_hold_a_pack_header_is_not_a_pack(tmp_path):
@@ -535,3 +544,37 @@ def test_a_large_object_is_synced_before_it_is_renamed_into_place(tmp_path, monk
         batch.put_bytes(os.urandom(store_module.COMPRESS_LIMIT + 10))
     [(_, staged)] = [event for event in events if event[0] == "rename"]
     assert events.index(("fsync", staged)) < events.index(("rename", staged))
+
+
+def test_an_object_of_exactly_the_packed_size_limit_reads_back(tmp_path):
+    data = b"compressible line of a large generated file\n" * (store_module.COMPRESS_LIMIT // 44 + 1)
+    data = data[:store_module.COMPRESS_LIMIT]
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        digest = batch.put_bytes(data)
+    assert store._committed[digest].kind == b"S"
+    assert store.read_bytes(digest) == data and ContentStore(tmp_path).read_bytes(digest) == data
+
+
+def test_a_full_disk_while_syncing_a_pack_is_resource_exhausted(tmp_path, monkeypatch):
+    store = ContentStore(tmp_path)
+    with store.batch() as batch:
+        batch.put_bytes(b"a pack exists " * 4)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(packs_module.os, "fdatasync", full)
+    with pytest.raises(ResourceExhausted), store.batch() as batch:
+        batch.put_bytes(b"cannot be made durable " * 4)
+
+
+def test_a_large_object_whose_source_cannot_be_read_leaves_nothing_staged(tmp_path):
+    store = ContentStore(tmp_path / "store")
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # read() fails: EISDIR
+    try:
+        with pytest.raises(OSError), store.batch() as batch:
+            batch.put_fd(directory, store_module.COMPRESS_LIMIT + 1)
+    finally:
+        os.close(directory)
+    assert list(store.staging.iterdir()) == []
