@@ -49,7 +49,9 @@ class Engines:
         before = dict(self.watched.counts)
         watched = self.capture(self.watched)
         reference = self.capture(self.full)
-        kind = next(k for k in self.watched.counts if self.watched.counts[k] != before[k])
+        moved = {k: self.watched.counts[k] - before[k] for k in before if self.watched.counts[k] != before[k]}
+        assert list(moved.values()) == [1], f"one capture counted once: {moved}"
+        [kind] = moved
         assert (watched.tree, watched.file_count, watched.total_size, watched.skipped) == (
             reference.tree, reference.file_count, reference.total_size, reference.skipped), (
             f"{kind} capture differs from a full scan: "

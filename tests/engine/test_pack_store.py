@@ -458,8 +458,11 @@ def test_a_deleted_object_stays_deleted_when_its_tombstone_is_carried_through_co
         carrier = store._active
         _fill_until_rotated(store, carrier.number)
         _compact_away(store, carrier, keep=(back,))
+    _fill_until_rotated(store, store._active.number)  # records after the carried tombstones
+    live = sorted(store.iter_digests())
     store.close()
     reopened = ContentStore(tmp_path)
+    assert sorted(reopened.iter_digests()) == live and reopened.damage() == []
     assert not reopened.has(gone)
     assert reopened.read_bytes(back) == back_data
     assert back in set(reopened.iter_digests()) and gone not in set(reopened.iter_digests())

@@ -108,6 +108,10 @@ def test_mounts_inside_the_workspace(namespaced_server: NamespacedServer, tmp_pa
     elsewhere = server.base / f"elsewhere-{ULID()}"
     write(elsewhere / "mounted-dir/inner.txt", "only under the mount\n")
     write(elsewhere / "mounted-file.txt", "the mounted file\n")
+    write(elsewhere / "nested-dir/inner.txt", "only under the nested mount\n")
+    write(root / "deeper/down/underneath.txt", "hidden while something is mounted on deeper/down\n")
+    write(root / ".gitignore", "ignored/\n")
+    (root / "ignored/mnt").mkdir(parents=True)  # a mount point where the capture never looks
     write(root / "sub/underneath.txt", "hidden while something is mounted on sub\n")
     write(root / "file.txt", "the file a bind mount will cover\n")
     write(root / "plain.txt", "plain\n")
@@ -115,15 +119,21 @@ def test_mounts_inside_the_workspace(namespaced_server: NamespacedServer, tmp_pa
         session.checkpoint()
         server.in_namespace("mount", "--bind", str(elsewhere / "mounted-dir"), str(root / "sub"))
         server.in_namespace("mount", "--bind", str(elsewhere / "mounted-file.txt"), str(root / "file.txt"))
+        server.in_namespace("mount", "--bind", str(elsewhere / "nested-dir"), str(root / "deeper/down"))
+        server.in_namespace("mount", "--bind", str(elsewhere / "mounted-dir"), str(root / "ignored/mnt"))
         session.checkpoint()
         # Written through the other path: reported to that directory's watch, not the workspace's.
         _overwrite(elsewhere / "mounted-file.txt", b"written where it came from\n")
         write(elsewhere / "mounted-dir/added.txt", "added where it came from\n")
+        write(elsewhere / "nested-dir/added.txt", "added where it came from, under a mount point deeper down\n")
         session.checkpoint()
         session.checkpoint()
         server.in_namespace("umount", str(root / "file.txt"))
+        server.in_namespace("umount", str(root / "ignored/mnt"))
         session.checkpoint()
         server.in_namespace("umount", str(root / "sub"))
+        session.checkpoint()
+        server.in_namespace("umount", str(root / "deeper/down"))
         session.checkpoint()
     finally:
         session.close()

@@ -5,13 +5,19 @@ watched capture with a full scan of the same workspace (see conftest.Engines.che
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
 import threading
+import time
+import types
 from pathlib import Path
 
-from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE
+from checkpointd.core.capture import capturer as capturer_module
+from checkpointd.core.capture import snapshot as snapshot_module
+from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE, SKIP_UNREADABLE
+from checkpointd.core.kernel.telemetry import CaptureMode
 from tests.engine.conftest import write
 
 
@@ -367,3 +373,240 @@ def test_any_deletion_from_the_store_makes_the_next_capture_scan_fully(engines):
         engines.store.delete(stray)
     engines.check(expect="full")
     engines.check()
+
+
+def test_a_file_of_exactly_the_size_limit_is_captured(engines):
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    engines.check(expect="full")
+    write(engines.root / "pkg0/limit.bin", b"x" * 100)
+    write(engines.root / "pkg0/over.bin", b"x" * 101)
+    result = engines.check()
+    assert {s.path for s in result.skipped} == {"pkg0/over.bin"}
+
+
+def test_a_linked_file_left_alone_by_one_capture_is_still_examined_by_the_next(engines, tmp_path):
+    """A capture in which a file with several names did not change must keep it among the
+    files every capture re-examines: a write through its name outside comes later."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=2, files=2)
+    os.link(engines.root / "pkg0/sub0/file0.txt", outside / "alias")
+    an_hour_ago = time.time() - 3600  # not just written: the stat index vouches for it
+    for path in engines.root.rglob("*.txt"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    engines.check(expect="full")
+    write(engines.root / "pkg1/sub1/file1.txt", "an unrelated edit\n")
+    engines.check()
+    _overwrite(outside / "alias", "written through the name outside, after a capture that left it alone\n")
+    engines.check()
+
+
+def test_a_directory_whose_mode_changed_is_not_scanned_again(engines, monkeypatch):
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    scanned = []
+    real_scan = engines.watched.snapshotter.scan
+
+    def scan(dir_fd, prefix, *rest):
+        scanned.append(prefix)
+        return real_scan(dir_fd, prefix, *rest)
+
+    monkeypatch.setattr(engines.watched.snapshotter, "scan", scan)
+    os.chmod(engines.root / "pkg0", 0o750)
+    engines.check()
+    assert scanned == []
+
+
+def test_unchanged_files_of_a_directory_scanned_again_are_not_read_again(engines, tmp_path, monkeypatch):
+    """A directory moved out and back is scanned whole; the stat index spares the reads of its
+    unchanged files, then and the next time it is scanned."""
+    _populate(engines.root, dirs=2, files=3)
+    an_hour_ago = time.time() - 3600
+    for path in engines.root.rglob("*.txt"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    engines.check(expect="full")
+    read: list[str] = []
+    real = snapshot_module._read_files
+
+    def spy(dir_fd, names, batch, *rest):
+        read.extend(name for name, _similar in names)
+        return real(dir_fd, names, batch, *rest)
+
+    for _round in range(2):
+        os.rename(engines.root / "pkg0", tmp_path / "away")
+        os.rename(tmp_path / "away", engines.root / "pkg0")
+        with monkeypatch.context() as patch:
+            patch.setattr(snapshot_module, "_read_files", spy)
+            engines.capture(engines.watched)
+        assert read == []
+        engines.check()
+
+
+def test_a_file_that_cannot_be_read_is_skipped_as_unreadable_by_an_incremental_capture(engines, monkeypatch):
+    """The tests run as root, which reads every file: an unreadable one is simulated."""
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    write(engines.root / "pkg0/sub0/file0.txt", "cannot be read any more\n")
+    real = capturer_module.read_file
+    monkeypatch.setattr(capturer_module, "read_file",
+                        lambda dir_fd, name, *rest: None if name == "file0.txt" else real(dir_fd, name, *rest))
+    before = dict(engines.watched.counts)
+    result = engines.capture(engines.watched)
+    assert engines.watched.counts[CaptureMode.INCREMENTAL] == before[CaptureMode.INCREMENTAL] + 1
+    assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/sub0/file0.txt", SKIP_UNREADABLE)]
+
+
+def test_a_file_the_incremental_capture_cannot_examine_leaves_it_to_a_full_scan(engines, monkeypatch):
+    """An error other than "gone" while a dirty path is examined (an I/O error, simulated) does
+    not fail the checkpoint: the capture scans fully instead."""
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    write(engines.root / "pkg0/sub0/file0.txt", "the disk failed while this was read\n")
+    real = capturer_module.read_file
+
+    def failing(dir_fd, name, *rest):
+        if name == "file0.txt":
+            raise OSError(errno.EIO, "Input/output error")
+        return real(dir_fd, name, *rest)
+
+    monkeypatch.setattr(capturer_module, "read_file", failing)
+    engines.check(expect="full")
+
+
+def test_a_symlink_replaced_by_a_file_while_it_is_read_is_looked_at_again(engines, monkeypatch):
+    """An entry that changes type between two looks at it (here: between lstat and readlink,
+    the race made deterministic) is examined again, not left to a full scan."""
+    _populate(engines.root, dirs=1, files=1)
+    engines.check(expect="full")
+    link = engines.root / "pkg0/link"
+    os.symlink("../README.md", link)
+    real_readlink = os.readlink
+
+    def replaced_meanwhile(name, *, dir_fd=None):
+        if name == "link" and link.is_symlink():
+            link.unlink()
+            link.write_text("a regular file now\n")
+        return real_readlink(name, dir_fd=dir_fd)  # EINVAL for a regular file
+
+    patched_os = types.ModuleType("os")
+    patched_os.__dict__.update(os.__dict__)
+    patched_os.readlink = replaced_meanwhile
+    monkeypatch.setattr(capturer_module, "os", patched_os)
+    engines.check()
+
+
+def test_a_file_that_gains_a_name_while_it_is_read_is_known_as_linked(engines, tmp_path, monkeypatch):
+    """A file linked elsewhere between its lstat and its read (the race made deterministic):
+    the capture must learn it has several names, so that a write through the other one is seen."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    target = engines.root / "pkg0/sub0/file0.txt"
+    write(target, "edited, then linked while it was read\n")
+    real = capturer_module.read_file
+
+    def linked_meanwhile(dir_fd, name, *rest):
+        if name == "file0.txt" and not (outside / "alias").exists():
+            os.link(target, outside / "alias")
+        return real(dir_fd, name, *rest)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(capturer_module, "read_file", linked_meanwhile)
+        engines.check(expect="full")
+    _overwrite(outside / "alias", "written through the name it gained\n")
+    engines.check()
+
+
+def test_files_skipped_inside_a_new_directory_are_reported(engines):
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    engines.check(expect="full")
+    write(engines.root / "added/inner/big.bin", b"x" * 500)
+    write(engines.root / "added/small.txt", "small\n")
+    result = engines.check()
+    assert [(s.path, s.reason) for s in result.skipped] == [("added/inner/big.bin", SKIP_TOO_LARGE)]
+
+
+def test_an_edit_at_the_deepest_level_a_capture_enters_is_seen(engines):
+    """Directories are entered down to MAX_DIR_DEPTH slashes: a file in the deepest one entered
+    is captured, and so is an edit to it."""
+    _populate(engines.root, dirs=1, files=1)
+    deepest = engines.root.joinpath(*["d"] * snapshot_module.MAX_DIR_DEPTH)
+    write(deepest / "leaf.txt", "at the deepest level\n")
+    engines.check(expect="full")
+    write(deepest / "leaf.txt", "edited at the deepest level\n")
+    result = engines.check()
+    assert result.file_count == 3
+
+
+def test_a_new_directory_replaced_by_a_symlink_while_it_is_opened_is_looked_at_again(engines, tmp_path,
+                                                                                       monkeypatch):
+    """The race of the readlink test above, for a directory: replaced by a symlink between its
+    lstat and its open (made deterministic)."""
+    _populate(engines.root, dirs=1, files=1)
+    engines.check(expect="full")
+    added = engines.root / "added"
+    write(added / "inner.txt", "in a directory about to be replaced\n")
+    real_open = os.open
+
+    def replaced_meanwhile(name, flags, *rest, dir_fd=None, **kwargs):
+        if name == "added" and not added.is_symlink():
+            os.rename(added, tmp_path / "moved-away")
+            os.symlink("pkg0", added)
+        return real_open(name, flags, *rest, dir_fd=dir_fd, **kwargs)  # ELOOP: a symlink now
+
+    patched_os = types.ModuleType("os")
+    patched_os.__dict__.update(os.__dict__)
+    patched_os.open = replaced_meanwhile
+    monkeypatch.setattr(capturer_module, "os", patched_os)
+    engines.check()
+
+
+def test_a_file_read_by_an_incremental_capture_is_not_read_again_while_unchanged(engines, monkeypatch):
+    _populate(engines.root, dirs=1, files=2)
+    engines.check(expect="full")
+    path = engines.root / "pkg0/sub0/file0.txt"
+    write(path, "edited once\n")
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
+    engines.check()
+    read: list[str] = []
+    real = capturer_module.read_file
+
+    def spy(dir_fd, name, *rest):
+        read.append(name)
+        return real(dir_fd, name, *rest)
+
+    monkeypatch.setattr(capturer_module, "read_file", spy)
+    open(path, "ab").close()  # reported (a close after writing), nothing changed
+    engines.check()
+    assert read == []
+
+
+def test_files_skipped_in_a_directory_whose_mode_changed_are_still_reported(engines):
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    write(engines.root / "pkg0/big.bin", b"x" * 500)
+    engines.check(expect="full")
+    os.chmod(engines.root / "pkg0", 0o750)
+    result = engines.check()
+    assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/big.bin", SKIP_TOO_LARGE)]
+
+
+def test_a_file_with_several_names_that_is_too_large_stays_skipped(engines, tmp_path):
+    """Never read, it has no stat index entry: every capture examines it again all the same."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=1, files=1)
+    engines.max_size = 100
+    write(engines.root / "pkg0/big.bin", b"x" * 500)
+    os.link(engines.root / "pkg0/big.bin", outside / "alias")
+    engines.check(expect="full")
+    write(engines.root / "README.md", "an unrelated edit\n")
+    result = engines.check()
+    assert [(s.path, s.reason) for s in result.skipped] == [("pkg0/big.bin", SKIP_TOO_LARGE)]
+    _overwrite(outside / "alias", "small now, through its other name\n")
+    result = engines.check()
+    assert result.skipped == []
