@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from checkpointd.core.store import tree as tree_module
 from checkpointd.core.store.tree import SPLIT_ENTRIES
 from tests.engine.conftest import Engines, write
 from tests.engine.live import Session
@@ -36,6 +37,11 @@ def test_edits_in_a_split_directory_match_full_scans(engines: Engines) -> None:
     assert _is_split(engines, result.tree, "big")
     write(big / "entry_000100.txt", "changed\n")
     engines.check()
+    # A name that ends a part comes, one that ended a part goes: the parts are cut anew.
+    ends = next(name for name in (f"new_{i}.txt" for i in range(100_000)) if tree_module._ends_part(name))
+    write(big / ends, "ends a part\n")
+    (big / next(name for name in sorted(os.listdir(big)) if tree_module._ends_part(name) and name != ends)).unlink()
+    engines.check()
     write(big / "aaa_before_every_name.txt", "first\n")
     write(big / "zzz_after_every_name.txt", "last\n")
     (big / "entry_000000.txt").unlink()
@@ -55,8 +61,8 @@ def test_edits_in_a_split_directory_match_full_scans(engines: Engines) -> None:
     _fill(big, ENTRIES)
     result = engines.check()
     assert _is_split(engines, result.tree, "big")
-    # Every entry again, and aaa, zzz, moved-in, entry_000200.renamed, a-link, sub/inner, other/moved-out.
-    assert result.file_count == ENTRIES + 7
+    # Every entry again, and new_*, aaa, zzz, moved-in, entry_000200.renamed, a-link, sub/inner, other/moved-out.
+    assert result.file_count == ENTRIES + 8
     os.rename(big, engines.root / "renamed-big")
     engines.check()
 
