@@ -41,7 +41,7 @@ from checkpointd.core.metadata.db import Database, known_revisions
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow, RollbackJournalRow
 from checkpointd.core.restore.journal import LEGACY_DIRECTORY, JournalEntry, legacy_entries
 from checkpointd.core.store.content_store import digest_bytes
-from checkpointd.core.store.tree import EMPTY_TREE, EntryKind, decode_node
+from checkpointd.core.store.tree import EMPTY_TREE, Entry, EntryKind, decode_index, decode_node, is_index
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 JOURNAL_DIRECTORY = LEGACY_DIRECTORY
@@ -166,8 +166,11 @@ class _Verifier:
                 intact = False
                 continue
             try:
-                children = decode_node(data)
-            except (ValueError, TypeError) as exc:
+                children = self._children(data)
+            except _PartMissing:
+                intact = False
+                continue
+            except (ValueError, TypeError, KeyError) as exc:
                 self.bad[digest] = FindingKind.BAD_TREE_NODE
                 self.report.problems.append(Problem(FindingKind.BAD_TREE_NODE, digest, f"not a tree node: {exc}"))
                 intact = False
@@ -187,6 +190,32 @@ class _Verifier:
                 elif not self.verify(entry.digest):
                     intact = False
         return intact
+
+
+    def _children(self, data: bytes) -> dict[str, Entry]:
+        """A node's children; a split directory's (see ``tree``) from its parts, each checked
+        to hold what the index says, in order."""
+        if not is_index(data):
+            return decode_node(data)
+        index = decode_index(data)
+        children: dict[str, Entry] = {}
+        for first, count, part in zip(index.firsts, index.counts, index.digests, strict=True):
+            part_data = self.read(part)
+            if part_data is None:
+                raise _PartMissing(part)
+            if is_index(part_data):
+                raise ValueError(f"part {part} is itself split")
+            names = list(decode_node(part_data).items())
+            if len(names) != count or not names or names[0][0] != first:
+                raise ValueError(f"part {part} does not hold what the index says")
+            if children and names[0][0] <= next(reversed(children)):
+                raise ValueError(f"part {part} is out of order")
+            children.update(names)
+        return children
+
+
+class _PartMissing(Exception):
+    """A part of a split directory is missing or corrupt (already reported)."""
 
 
 def _reason(exc: BaseException) -> str:

@@ -232,6 +232,8 @@ class _Marker:
             self._visited_trees.add(digest)
             self.referenced.add(digest)
             try:
+                # A split directory's parts are objects of their own (see ``tree``).
+                self.referenced.update(self.trees.parts(digest))
                 node = self.trees.read(digest)
             except CheckpointdError:
                 self.missing.add(digest)

@@ -3,13 +3,24 @@
 A directory node lists its children sorted by name; its digest is the digest of its
 encoding, so an unchanged subtree has an unchanged digest and is reused and skipped by
 diffs without being read.
+
+A directory of more than ``SPLIT_ENTRIES`` children is stored split: its node is an index
+(a JSON object, where a plain node is a JSON array) of parts, each part a plain node holding a
+run of its children in name order. Parts end after a child whose name's checksum says so (or
+at ``PART_MAX_ENTRIES``), so the split depends on the children alone (equal directories have
+equal digests however they were built), and changing a few children rewrites the parts they
+fall in and the index, not the whole directory. ``read`` returns a split directory's children
+as one mapping; ``lookup`` and ``apply`` read only the parts they need.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
+import os
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -61,6 +72,75 @@ def decode_node(data: bytes) -> dict[str, Entry]:
     }
 
 
+#: A directory with more children than this is stored split (see the module's docstring).
+SPLIT_ENTRIES = 2048
+#: A part ends after a child whose name's CRC-32 has these bits clear: ~512 children a part.
+PART_MASK = 511
+#: ... or once it holds this many children (names chosen to never end a part).
+PART_MAX_ENTRIES = 4096
+_INDEX_KEY = "parts"
+
+
+class Index:
+    """A split directory's node: its parts' first names, sizes and digests, in name order."""
+
+    __slots__ = ("firsts", "counts", "digests")
+
+    def __init__(self, firsts: list[str], counts: list[int], digests: list[str]) -> None:
+        self.firsts = firsts
+        self.counts = counts
+        self.digests = digests
+
+    def locate(self, name: str) -> int:
+        """The part ``name`` is in, or would go into."""
+        return max(bisect.bisect_right(self.firsts, name) - 1, 0)
+
+    def total(self) -> int:
+        return sum(self.counts)
+
+
+def is_index(data: bytes) -> bool:
+    """Whether an encoded node is a split directory's index (a plain node is a JSON array)."""
+    return data[:1] == b"{"
+
+
+def encode_index(index: Index) -> bytes:
+    return _ENCODE({_INDEX_KEY: [[first, count, digest] for first, count, digest in
+                                 zip(index.firsts, index.counts, index.digests, strict=True)]}).encode()
+
+
+def decode_index(data: bytes) -> Index:
+    parts = json.loads(data)[_INDEX_KEY]
+    if not parts:
+        raise ValueError("an index without parts")
+    firsts, counts, digests = [], [], []
+    for first, count, digest in parts:
+        if not isinstance(first, str) or not isinstance(count, int) or not isinstance(digest, str):
+            raise ValueError("a malformed index part")
+        firsts.append(first)
+        counts.append(count)
+        digests.append(digest)
+    if firsts != sorted(firsts) or len(set(firsts)) != len(firsts):
+        raise ValueError("index parts out of order")
+    return Index(firsts, counts, digests)
+
+
+def _ends_part(name: str) -> bool:
+    return not zlib.crc32(os.fsencode(name)) & PART_MASK
+
+
+def split_parts(items: list[tuple[str, Entry]]) -> tuple[list[list[tuple[str, Entry]]], list[tuple[str, Entry]]]:
+    """Children sorted by name, cut into parts: the complete parts, and the children after the
+    last part's end (they end the directory's last part, or begin one with what follows)."""
+    parts = []
+    start = 0
+    for i, (name, _entry) in enumerate(items):
+        if i + 1 - start >= PART_MAX_ENTRIES or _ends_part(name):
+            parts.append(items[start:i + 1])
+            start = i + 1
+    return parts, items[start:]
+
+
 EMPTY_TREE = digest_bytes(encode_node({}))
 #: Encoded nodes kept for delta bases: a few captures' worth of changed directories.
 WRITTEN_ENCODINGS_KEPT = 1024
@@ -81,12 +161,14 @@ class Trees:
         #: directories stores its nodes as deltas against exactly these bytes.
         self._written: OrderedDict[str, bytes] = OrderedDict()
 
-    def _read_uncached(self, digest: str) -> dict[str, Entry]:
+    def _read_uncached(self, digest: str) -> dict[str, Entry] | Index:
         if digest == EMPTY_TREE:
             return {}
-        return decode_node(self.store.read_bytes(digest))
+        data = self.store.read_bytes(digest)
+        return decode_index(data) if is_index(data) else decode_node(data)
 
-    def read(self, digest: str) -> dict[str, Entry]:
+    def _node(self, digest: str) -> dict[str, Entry] | Index:
+        """A node as stored: the children of a plain one, or a split directory's index."""
         with self._cache_lock:
             node = self._cache.get(digest)
             if node is not None:
@@ -96,7 +178,35 @@ class Trees:
         self._remember(digest, node)
         return node
 
-    def _remember(self, digest: str, node: dict[str, Entry], encoded: bytes | None = None) -> None:
+    def read(self, digest: str) -> dict[str, Entry]:
+        """A directory's children by name, in name order (a split one's from all its parts)."""
+        node = self._node(digest)
+        if not isinstance(node, Index):
+            return node
+        children: dict[str, Entry] = {}
+        for part in node.digests:
+            children.update(self._part(part))
+        return children
+
+    def _part(self, digest: str) -> dict[str, Entry]:
+        node = self._node(digest)
+        if isinstance(node, Index):
+            raise ValueError(f"part {digest} of a split directory is itself split")
+        return node
+
+    def parts(self, digest: str) -> list[str]:
+        """The objects a directory's node is stored in besides its own: a split one's parts."""
+        node = self._node(digest)
+        return list(node.digests) if isinstance(node, Index) else []
+
+    def child(self, digest: str, name: str) -> Entry | None:
+        """One child of a directory, reading only the part of a split one it is in."""
+        node = self._node(digest)
+        if isinstance(node, Index):
+            node = self._part(node.digests[node.locate(name)])
+        return node.get(name)
+
+    def _remember(self, digest: str, node: dict[str, Entry] | Index, encoded: bytes | None = None) -> None:
         with self._cache_lock:
             self._cache[digest] = node
             self._cache.move_to_end(digest)
@@ -112,6 +222,11 @@ class Trees:
               previous_digest: str = "") -> str:
         """Stores a node; ``previous`` (the node it replaces, stored as ``previous_digest``)
         lets the store keep just the difference."""
+        if len(children) > SPLIT_ENTRIES:
+            parts, tail = split_parts(sorted(children.items()))
+            if tail:
+                parts.append(tail)
+            return self._write_index(batch, [self._write_part(batch, part) for part in parts])
         data = encode_node(children)
         if previous_digest and isinstance(batch, Batch):
             with self._cache_lock:
@@ -122,6 +237,30 @@ class Trees:
         self._remember(digest, dict(children), data)
         return digest
 
+    def _put(self, batch: Batch, data: bytes, previous_digest: str) -> str:
+        """Stores encoded bytes, as a delta of ``previous_digest`` (a node of the same kind) if given."""
+        if not previous_digest or not isinstance(batch, Batch):
+            return batch.put_bytes(data)
+        with self._cache_lock:
+            base = self._written.get(previous_digest)
+        return batch.put_bytes(data, previous_digest, base)
+
+    def _write_part(self, batch: Batch, items: list[tuple[str, Entry]],
+                    previous_digest: str = "") -> tuple[str, int, str]:
+        """Stores one part of a split directory: (first name, children, digest)."""
+        children = dict(items)
+        data = encode_node(children)
+        digest = self._put(batch, data, previous_digest)
+        self._remember(digest, children, data)
+        return items[0][0], len(items), digest
+
+    def _write_index(self, batch: Batch, parts: list[tuple[str, int, str]], previous_digest: str = "") -> str:
+        index = Index([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts])
+        data = encode_index(index)
+        digest = self._put(batch, data, previous_digest)
+        self._remember(digest, index, data)
+        return digest
+
     def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
         for name, entry in self.read(digest).items():
             path = f"{prefix}{name}"
@@ -130,14 +269,25 @@ class Trees:
                 yield from self.flatten(entry.digest, path + "/")
 
     def lookup(self, root: str, path: str) -> Entry | None:
-        node = self.read(root)
+        digest = root
         parts = path.split("/")
         for part in parts[:-1]:
-            entry = node.get(part)
+            entry = self.child(digest, part)
             if entry is None or entry.kind is not EntryKind.DIR:
                 return None
-            node = self.read(entry.digest)
-        return node.get(parts[-1])
+            digest = entry.digest
+        return self.child(digest, parts[-1])
+
+    def _differing(self, base: str | None, target: str | None) -> tuple[dict[str, Entry], dict[str, Entry]]:
+        """The children of two directories, less those of parts both are split into the same:
+        such a child is the same on both sides."""
+        base_node = self._node(base) if base else {}
+        target_node = self._node(target) if target else {}
+        if isinstance(base_node, Index) and isinstance(target_node, Index):
+            shared = set(base_node.digests) & set(target_node.digests)
+            return ({n: e for p in base_node.digests if p not in shared for n, e in self._part(p).items()},
+                    {n: e for p in target_node.digests if p not in shared for n, e in self._part(p).items()})
+        return (self.read(base) if base else {}), (self.read(target) if target else {})
 
     def diff(self, base: str | None, target: str | None, prefix: str = "") -> Iterator[Change]:
         """Paths that differ, parents before children, skipping equal subtrees.
@@ -146,8 +296,7 @@ class Trees:
         """
         if base == target:
             return
-        base_node = self.read(base) if base else {}
-        target_node = self.read(target) if target else {}
+        base_node, target_node = self._differing(base, target)
         for name in sorted(base_node.keys() | target_node.keys()):
             b, t = base_node.get(name), target_node.get(name)
             if b is not None and t is not None and b.same_content(t) and b.target == t.target:
@@ -172,22 +321,73 @@ class Trees:
         for path, entry in updates.items():
             head, _, rest = path.partition("/")
             grouped.setdefault(head, {})[rest] = entry
-        previous = self.read(root)
-        children = dict(previous)
+        changed: dict[str, Entry | None] = {}
         for name, sub in grouped.items():
-            old = children.get(name)
+            old = self.child(root, name)
             own = sub.pop("", old)
             if own is None or own.kind is not EntryKind.DIR:
                 if sub:
                     raise ValueError(f"{name!r} gets children but is not a directory")
-                if own is None:
-                    children.pop(name, None)
-                else:
-                    children[name] = own
+                changed[name] = own
                 continue
             kept = old.digest if old is not None and old.kind is EntryKind.DIR else EMPTY_TREE
             subtree = own.digest or kept
             if sub:
                 subtree = self.apply(batch, subtree, sub)
-            children[name] = Entry(EntryKind.DIR, own.mode, 0, subtree)
-        return self.write(batch, children, previous, root if root != EMPTY_TREE else "")
+            changed[name] = Entry(EntryKind.DIR, own.mode, 0, subtree)
+        return self._change(batch, root, changed)
+
+    def _change(self, batch: Batch, root: str, changed: dict[str, Entry | None]) -> str:
+        """Stores directory ``root`` with ``changed`` children set (None: removed)."""
+        node = self._node(root)
+        if isinstance(node, Index):
+            total = node.total() + sum((entry is not None) - (name in self._part(node.digests[node.locate(name)]))
+                                       for name, entry in changed.items())
+            if total > SPLIT_ENTRIES:
+                return self._change_split(batch, root, node, changed)
+            previous: dict[str, Entry] = self.read(root)
+            previous_digest = ""
+        else:
+            previous = node
+            previous_digest = root if root != EMPTY_TREE else ""
+        children = dict(previous)
+        for name, entry in changed.items():
+            if entry is None:
+                children.pop(name, None)
+            else:
+                children[name] = entry
+        if len(children) > SPLIT_ENTRIES:
+            return self.write(batch, children)
+        return self.write(batch, children, previous, previous_digest)
+
+    def _change_split(self, batch: Batch, root: str, index: Index, changed: dict[str, Entry | None]) -> str:
+        """A split directory that stays split: the parts holding changed children are cut
+        again, going on into the next parts until a new part ends where an old one did; the
+        parts after that are kept as they are (cutting depends only on the children from a
+        part's start, and every part starts right after one that ended)."""
+        by_part: dict[int, dict[str, Entry | None]] = {}
+        for name, entry in changed.items():
+            by_part.setdefault(index.locate(name), {})[name] = entry
+        parts: list[tuple[str, int, str]] = []
+        carried: list[tuple[str, Entry]] = []
+        for i, digest in enumerate(index.digests):
+            changes = by_part.get(i)
+            if changes is None and not carried:
+                parts.append((index.firsts[i], index.counts[i], digest))
+                continue
+            children = self._part(digest)
+            if changes:
+                children = dict(children)
+                for name, entry in changes.items():
+                    if entry is None:
+                        children.pop(name, None)
+                    else:
+                        children[name] = entry
+                items = sorted(children.items())
+            else:
+                items = list(children.items())
+            complete, carried = split_parts(carried + items)
+            parts.extend(self._write_part(batch, part, digest) for part in complete)
+        if carried:
+            parts.append(self._write_part(batch, carried, index.digests[-1]))
+        return self._write_index(batch, parts, root)
