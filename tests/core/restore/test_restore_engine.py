@@ -12,6 +12,7 @@ README's promises on restore, checked in-process so that `make mutants` can run 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -358,3 +359,170 @@ def test_an_interrupted_rollback_that_cannot_be_finished_keeps_every_checkpoint_
     plan.engine.delete(newest)  # the rollback is finished first, then the deletion goes ahead
     assert _listing(plan.root) == {name: ("file", value[1], f"target {name}".encode())
                                    for name, value in expected.items()}
+
+
+def test_a_directory_that_fills_up_before_it_becomes_a_file_stops_the_rollback(plan: Plan, monkeypatch) -> None:
+    """The plan saw a directory the target turns into a file holding only what the target accounts
+    for; a file written into it while the rollback runs keeps it a directory: the rollback stops
+    there (it is no longer empty), takes back what it changed, and the write stays."""
+    root = plan.root
+    (root / "thing").write_text("a file in the target")
+    target = plan.checkpoint()
+    (root / "thing").unlink()
+    (root / "thing").mkdir()
+    (root / "thing" / "a.txt").write_text("added after the target")
+
+    def racing_write(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE and not (root / "thing" / "racing.txt").exists():
+            (root / "thing" / "racing.txt").write_text("written during the rollback")
+
+    changed = _listing(root)
+    monkeypatch.setattr(restore_module, "crash_point", racing_write)
+    with pytest.raises(FailedPrecondition) as conflict:
+        plan.rollback(target)
+
+    assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
+    assert "stopped at 'thing' (the directory is no longer empty)" in conflict.value.message
+    after = _listing(root)
+    assert after.pop("thing/racing.txt")[2] == b"written during the rollback"
+    assert after == changed
+
+
+@pytest.mark.parametrize("retargeted", [False, True], ids=["link left alone", "link pointed elsewhere"])
+def test_the_undo_takes_back_a_link_only_while_it_points_where_the_rollback_put_it(
+        plan: Plan, monkeypatch, retargeted: bool) -> None:
+    """A rollback writes `a_link`, then stops at `b.txt` (rewritten since the safety checkpoint). Its
+    undo puts back what `a_link` held before the rollback, unless something pointed it elsewhere
+    meanwhile: that is a write made during the rollback, and it is never lost."""
+    root = plan.root
+    (root / "a_link").symlink_to("target-then")
+    (root / "b.txt").write_text("b then")
+    target = plan.checkpoint()
+    (root / "a_link").unlink()
+    (root / "a_link").symlink_to("before-the-rollback")
+    (root / "b.txt").write_text("b before the rollback")
+    calls: list[Point] = []
+
+    def racing_writes(point: Point) -> None:
+        if point is not Point.RESTORE_CHANGE:
+            return
+        calls.append(point)
+        if len(calls) == 2:  # a_link is written; b.txt is next
+            assert os.readlink(root / "a_link") == "target-then"
+            if retargeted:
+                (root / "a_link").unlink()
+                (root / "a_link").symlink_to("written-during-the-rollback")
+            (root / "b.txt").write_text("b written during the rollback")
+
+    monkeypatch.setattr(restore_module, "crash_point", racing_writes)
+    with pytest.raises(FailedPrecondition) as conflict:
+        plan.rollback(target)
+
+    assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
+    assert "stopped at 'b.txt'" in conflict.value.message
+    assert os.readlink(root / "a_link") == ("written-during-the-rollback" if retargeted else "before-the-rollback")
+    assert (root / "b.txt").read_text() == "b written during the rollback"
+
+
+def test_a_fifo_swapped_in_for_a_file_while_the_rollback_hashes_it_does_not_hang_it(
+        plan: Plan, monkeypatch) -> None:
+    """A file the stat index cannot vouch for is hashed right before it is replaced. If a FIFO takes
+    its place between the rollback's lstat and its open, the open must not wait for a writer that
+    never comes: the rollback stops with ROLLBACK_CONFLICT and leaves the FIFO."""
+    import threading
+
+    root = plan.root
+    edited = root / "edited.txt"
+    edited.write_text("v1")
+    target = plan.checkpoint()
+    edited.write_text("v2")
+    future = edited.stat().st_mtime_ns + 3600 * 10**9  # within any racy window: the file is hashed
+    os.utime(edited, ns=(future, future))
+    swapped: list[bool] = []
+    real_file_mode = restore_module.file_mode
+
+    def swap_after_lstat(st: os.stat_result) -> int:  # called between the check's lstat and its hash
+        if not swapped:
+            swapped.append(True)
+            edited.unlink()
+            os.mkfifo(edited)
+        return real_file_mode(st)
+
+    monkeypatch.setattr(restore_module, "file_mode", swap_after_lstat)
+    outcome: list[BaseException] = []
+
+    def roll_back() -> None:
+        try:
+            plan.rollback(target)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=roll_back, daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():  # blocked opening the FIFO: a writer releases it, then the test fails
+        os.close(os.open(edited, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(60)
+        pytest.fail("the rollback hung opening a FIFO swapped in for the file it checked")
+    assert swapped
+    assert len(outcome) == 1 and isinstance(outcome[0], FailedPrecondition), outcome
+    assert outcome[0].reason is Reason.ROLLBACK_CONFLICT
+    assert "changed after the rollback's safety checkpoint was taken" in outcome[0].message
+    assert stat.S_ISFIFO(edited.lstat().st_mode)
+
+
+def _two_edits(plan: Plan) -> tuple[str, dict[str, tuple]]:
+    """A plan whose rollback to the returned checkpoint rewrites two files; the listing before it."""
+    (plan.root / "a.txt").write_text("a then")
+    (plan.root / "b.txt").write_text("b then")
+    target = plan.checkpoint()
+    (plan.root / "a.txt").write_text("a before the rollback")
+    (plan.root / "b.txt").write_text("b before the rollback")
+    return target, _listing(plan.root)
+
+
+def test_a_full_disk_part_way_through_a_rollback_undoes_it(plan: Plan, monkeypatch) -> None:
+    """A full disk is RESOURCE_EXHAUSTED and corrupts nothing: the file already restored is taken back."""
+    from checkpointd.core.kernel.errors import ResourceExhausted
+    from checkpointd.core.workspace import workspace as workspace_module
+
+    target, before = _two_edits(plan)
+    writes: list[Point] = []
+
+    def full_on_the_second_write(point: Point) -> None:
+        if point is Point.WORKSPACE_WRITE:
+            writes.append(point)
+            if len(writes) == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(workspace_module, "crash_point", full_on_the_second_write)
+    with pytest.raises(ResourceExhausted) as full:
+        plan.rollback(target)
+
+    assert full.value.reason is Reason.STORAGE_EXHAUSTED
+    assert "the workspace's disk is full; the rollback was undone" in full.value.message
+    assert len(writes) >= 3  # the two writes of the rollback, then the undo's
+    assert _listing(plan.root) == before
+
+
+def test_a_rollback_whose_writes_cannot_be_made_durable_is_undone(plan: Plan, monkeypatch) -> None:
+    """A rollback's writes are made durable together before it is acknowledged; if that fails, the
+    rollback is not acknowledged: it is undone and the failure reported (FAILED_PRECONDITION)."""
+    from checkpointd.core.workspace import syncbatch as syncbatch_module
+
+    target, before = _two_edits(plan)
+    failed: list[int] = []
+
+    def cannot_sync(fd: int) -> OSError:
+        failed.append(fd)
+        return OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(syncbatch_module, "_sync", cannot_sync)
+    monkeypatch.setattr(syncbatch_module, "_synced_whole_file_systems", lambda fds: False)
+    with pytest.raises(FailedPrecondition) as conflict:
+        plan.rollback(target)
+
+    assert failed
+    assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
+    assert f"({os.strerror(errno.EIO)}); the rollback was undone, nothing was changed" in conflict.value.message
+    assert _listing(plan.root) == before
