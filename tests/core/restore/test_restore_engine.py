@@ -481,12 +481,19 @@ def _two_edits(plan: Plan) -> tuple[str, dict[str, tuple]]:
     return target, _listing(plan.root)
 
 
-def test_a_full_disk_part_way_through_a_rollback_undoes_it(plan: Plan, monkeypatch) -> None:
-    """A full disk is RESOURCE_EXHAUSTED and corrupts nothing: the file already restored is taken back."""
+@pytest.mark.parametrize("sync_fails", [False, True], ids=["synced", "sync fails too"])
+def test_a_full_disk_part_way_through_a_rollback_undoes_it(plan: Plan, monkeypatch, caplog, sync_fails: bool) -> None:
+    """A full disk is RESOURCE_EXHAUSTED and corrupts nothing: the file already restored is taken back.
+    What the rollback wrote is made durable before the undo; if even that fails, the undo still goes
+    on (it syncs each path it writes itself) and the failure is logged."""
     from checkpointd.core.kernel.errors import ResourceExhausted
+    from checkpointd.core.workspace import syncbatch as syncbatch_module
     from checkpointd.core.workspace import workspace as workspace_module
 
     target, before = _two_edits(plan)
+    if sync_fails:
+        monkeypatch.setattr(syncbatch_module, "_sync", lambda fd: OSError(errno.EIO, os.strerror(errno.EIO)))
+        monkeypatch.setattr(syncbatch_module, "_synced_whole_file_systems", lambda fds: False)
     writes: list[Point] = []
 
     def full_on_the_second_write(point: Point) -> None:
@@ -503,6 +510,7 @@ def test_a_full_disk_part_way_through_a_rollback_undoes_it(plan: Plan, monkeypat
     assert "the workspace's disk is full; the rollback was undone" in full.value.message
     assert len(writes) >= 3  # the two writes of the rollback, then the undo's
     assert _listing(plan.root) == before
+    assert ("could not sync 'a.txt' after an interrupted rollback" in caplog.text) is sync_fails
 
 
 def test_a_rollback_whose_writes_cannot_be_made_durable_is_undone(plan: Plan, monkeypatch) -> None:
