@@ -8,6 +8,7 @@ counts what went. These take a few seconds, so `make mutants` runs them per muta
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -440,3 +441,17 @@ def test_a_checkpoint_deleted_by_someone_else_mid_prune_is_not_counted_and_the_r
     assert report.pruned[Rule.MAX_CHECKPOINTS] == 2
     assert sorted(report.checkpoint_ids + deleted_meanwhile) == sorted(ids[:3])
     assert [c.row.checkpoint_id for c in engine.checkpoints.list(plan_id)[0]] == [ids[3]]
+
+
+def test_the_maintenance_summary_says_when_it_was_a_dry_run(engine: Engine, caplog) -> None:
+    _two_checkpoints_then_delete_the_first(engine)
+    caplog.set_level(logging.DEBUG, logger="checkpointd.retention")
+
+    engine.maintenance.run(dry_run=True)
+    dry = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
+    caplog.clear()
+    engine.maintenance.run()
+    real = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
+
+    assert len(dry) == 1 and dry[0].endswith(" (dry run)")
+    assert len(real) == 1 and "dry run" not in real[0] and "deleted 0 object(s)" not in real[0]

@@ -507,7 +507,8 @@ def test_a_full_disk_part_way_through_a_rollback_undoes_it(plan: Plan, monkeypat
         plan.rollback(target)
 
     assert full.value.reason is Reason.STORAGE_EXHAUSTED
-    assert "the workspace's disk is full; the rollback was undone" in full.value.message
+    assert (f"stopped at 'b.txt' ({os.strerror(errno.ENOSPC)}): the workspace's disk is full; the rollback was undone"
+            in full.value.message)
     assert len(writes) >= 3  # the two writes of the rollback, then the undo's
     assert _listing(plan.root) == before
     assert ("could not sync 'a.txt' after an interrupted rollback" in caplog.text) is sync_fails
