@@ -455,3 +455,27 @@ def test_the_maintenance_summary_says_when_it_was_a_dry_run(engine: Engine, capl
 
     assert len(dry) == 1 and dry[0].endswith(" (dry run)")
     assert len(real) == 1 and "dry run" not in real[0] and "deleted 0 object(s)" not in real[0]
+
+
+def test_a_candidate_referenced_again_during_gc_keeps_only_itself(engine: Engine, monkeypatch) -> None:
+    """Objects a checkpoint committed during the collection references are kept; every other
+    unreferenced object listed with them still goes."""
+    workspace = engine.workspace()
+    for n in range(4):
+        (workspace / f"f{n}.txt").write_text(f"referenced again by a checkpoint made during the GC {n}")
+    plan_id = str(ULID())
+    engine.checkpoints.delete(engine.create(plan_id, workspace).checkpoint_id)
+    with engine.store.batch() as batch:
+        garbage = {batch.put_bytes(os.urandom(100)) for _ in range(60)}
+    made: list = []
+
+    def checkpoint_meanwhile(point: Point) -> None:
+        if point is Point.GC_LISTED:
+            made.append(engine.create(plan_id, workspace))
+
+    monkeypatch.setattr(retention_module, "crash_point", checkpoint_meanwhile)
+    report = engine.maintenance.collect_garbage()
+
+    assert made and report.deleted_objects == len(garbage)
+    assert not garbage & engine.stored()
+    assert _referenced_by(engine, made[0]) <= engine.stored()

@@ -244,6 +244,17 @@ def _file_to_dir(root: Path) -> None:
     (root / "edited.txt" / "inside").write_text("written during the rollback")
 
 
+@_race("a file the rollback replaces is deleted")
+def _delete_edited(root: Path) -> None:
+    (root / "edited.txt").unlink()
+
+
+@_race("a file the rollback replaces becomes a link")
+def _file_to_link(root: Path) -> None:
+    (root / "edited.txt").unlink()
+    (root / "edited.txt").symlink_to("written-during-the-rollback")
+
+
 @pytest.mark.parametrize("race", list(RACES), ids=list(RACES))
 def test_a_write_made_while_a_rollback_runs_is_never_lost(plan: Plan, monkeypatch, race: str) -> None:
     root = plan.root
@@ -274,6 +285,8 @@ def test_a_write_made_while_a_rollback_runs_is_never_lost(plan: Plan, monkeypatc
     assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
     if "becomes a directory" not in race:  # that one is caught as a path swapped under the rollback
         assert "changed after the rollback's safety checkpoint was taken" in conflict.value.message
+    if "becomes a link" in race:
+        assert "(became a symlink after the rollback's safety checkpoint)" in conflict.value.message
     # The racing write is on disk, and the rest is as it was before the rollback started.
     expected = _listing_after(root, race)
     assert after_race == expected
@@ -535,3 +548,87 @@ def test_a_rollback_whose_writes_cannot_be_made_durable_is_undone(plan: Plan, mo
     assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
     assert f"({os.strerror(errno.EIO)}); the rollback was undone, nothing was changed" in conflict.value.message
     assert _listing(plan.root) == before
+
+
+def _rewrite_a(path: Path) -> None:
+    path.write_text("a written during the rollback")
+
+
+def _chmod_a(path: Path) -> None:
+    path.chmod(0o600)
+
+
+def _link_a(path: Path) -> None:
+    path.unlink()
+    path.symlink_to("written-during-the-rollback")
+
+
+@pytest.mark.parametrize("race", [None, _rewrite_a, _chmod_a, _link_a],
+                         ids=["file left alone", "file rewritten", "file chmodded", "file replaced by a link"])
+def test_the_undo_takes_back_a_file_only_while_it_holds_what_the_rollback_wrote(
+        plan: Plan, monkeypatch, race) -> None:
+    """As for links: the rollback restores `a.txt`, then stops at `b.txt`; its undo puts back the
+    `a.txt` from before the rollback only if nothing wrote it (content, permission bits or kind) meanwhile."""
+    root = plan.root
+    (root / "a.txt").write_text("a then")
+    (root / "a.txt").chmod(0o644)
+    (root / "b.txt").write_text("b then")
+    target = plan.checkpoint()
+    (root / "a.txt").write_text("a before the rollback")
+    (root / "b.txt").write_text("b before the rollback")
+    calls: list[Point] = []
+
+    def racing_writes(point: Point) -> None:
+        if point is not Point.RESTORE_CHANGE:
+            return
+        calls.append(point)
+        if len(calls) == 2:  # a.txt is written; b.txt is next
+            assert (root / "a.txt").read_text() == "a then"
+            if race is not None:
+                race(root / "a.txt")
+            (root / "b.txt").write_text("b written during the rollback")
+
+    monkeypatch.setattr(restore_module, "crash_point", racing_writes)
+    scratch = root.parent / f"expected-{ULID()}"
+    scratch.mkdir()
+    (scratch / "a.txt").write_text("a before the rollback" if race is None else "a then")
+    (scratch / "a.txt").chmod(0o644)
+    (scratch / "b.txt").write_text("b written during the rollback")
+    (scratch / "b.txt").chmod(stat.S_IMODE((root / "b.txt").stat().st_mode))
+    if race is not None:
+        race(scratch / "a.txt")
+    with pytest.raises(FailedPrecondition) as conflict:
+        plan.rollback(target)
+
+    assert conflict.value.reason is Reason.ROLLBACK_CONFLICT
+    assert "stopped at 'b.txt'" in conflict.value.message
+    assert _listing(root) == _listing(scratch)
+
+
+def test_the_undo_removes_a_directory_the_rollback_created(plan: Plan, monkeypatch) -> None:
+    root = plan.root
+    (root / "d").mkdir()
+    (root / "d" / "f.txt").write_text("in the target")
+    (root / "z.txt").write_text("z then")
+    target = plan.checkpoint()
+    (root / "d" / "f.txt").unlink()
+    (root / "d").rmdir()
+    (root / "z.txt").write_text("z before the rollback")
+    before = _listing(root)
+
+    fired: list[Point] = []
+
+    def racing_write(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE and not fired and (root / "d" / "f.txt").exists():  # d/, d/f.txt are back
+            fired.append(point)
+            (root / "z.txt").write_text("z written during the rollback")
+
+    monkeypatch.setattr(restore_module, "crash_point", racing_write)
+    with pytest.raises(FailedPrecondition) as conflict:
+        plan.rollback(target)
+
+    assert "stopped at 'z.txt'" in conflict.value.message
+    after = _listing(root)
+    assert after.pop("z.txt")[2] == b"z written during the rollback"
+    before.pop("z.txt")
+    assert after == before
