@@ -563,8 +563,13 @@ def _link_a(path: Path) -> None:
     path.symlink_to("written-during-the-rollback")
 
 
-@pytest.mark.parametrize("race", [None, _rewrite_a, _chmod_a, _link_a],
-                         ids=["file left alone", "file rewritten", "file chmodded", "file replaced by a link"])
+def _delete_a(path: Path) -> None:
+    path.unlink()
+
+
+@pytest.mark.parametrize("race", [None, _rewrite_a, _chmod_a, _link_a, _delete_a],
+                         ids=["file left alone", "file rewritten", "file chmodded", "file replaced by a link",
+                              "file deleted"])
 def test_the_undo_takes_back_a_file_only_while_it_holds_what_the_rollback_wrote(
         plan: Plan, monkeypatch, race) -> None:
     """As for links: the rollback restores `a.txt`, then stops at `b.txt`; its undo puts back the
@@ -632,3 +637,42 @@ def test_the_undo_removes_a_directory_the_rollback_created(plan: Plan, monkeypat
     assert after.pop("z.txt")[2] == b"z written during the rollback"
     before.pop("z.txt")
     assert after == before
+
+
+def test_a_file_the_rollback_deletes_already_gone_is_no_conflict(plan: Plan, monkeypatch) -> None:
+    root = plan.root
+    (root / "kept.txt").write_text("v1")
+    target = plan.checkpoint()
+    (root / "added.txt").write_text("added after the target")
+    (root / "kept.txt").write_text("v2")
+
+    def deleted_first(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE and (root / "added.txt").exists():
+            (root / "added.txt").unlink()  # someone deleted it first: nothing is lost by not deleting it
+
+    monkeypatch.setattr(restore_module, "crash_point", deleted_first)
+    plan.rollback(target)
+
+    assert set(_listing(root)) == {"kept.txt"} and (root / "kept.txt").read_text() == "v1"
+
+
+def test_unreadable_content_part_way_through_a_rollback_undoes_it(plan: Plan, monkeypatch) -> None:
+    """Content the store cannot give back (DATA_LOSS) stops the rollback; what it changed is taken back."""
+    from checkpointd.core.kernel.errors import DataLoss
+    from checkpointd.core.workspace import workspace as workspace_module
+
+    target, before = _two_edits(plan)
+    writes: list[Point] = []
+
+    def corrupt_on_the_second_write(point: Point) -> None:
+        if point is Point.WORKSPACE_WRITE:
+            writes.append(point)
+            if len(writes) == 2:
+                raise DataLoss(Reason.CORRUPT_CONTENT, "stored content is corrupt")
+
+    monkeypatch.setattr(workspace_module, "crash_point", corrupt_on_the_second_write)
+    with pytest.raises(DataLoss) as lost:
+        plan.rollback(target)
+
+    assert "stopped at 'b.txt' (stored content is corrupt); the rollback was undone" in lost.value.message
+    assert _listing(plan.root) == before
