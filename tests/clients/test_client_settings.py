@@ -220,3 +220,74 @@ def test_a_background_first_read_refused_for_another_reason_still_watches(script
         assert watcher.wait_for(lambda s: s.on_unavailable is OnUnavailable.REFUSE, timeout=WAIT_S)
     finally:
         watcher.close()
+
+
+def test_a_watch_whose_channel_its_owner_closes_after_stop_ends_quietly(scripted_config_server, monkeypatch) -> None:
+    """An owner may stop the watcher and close its channel while the watch thread is between two
+    streams: the thread then opens its next stream on a closed channel (grpc raises ValueError).
+    It must end quietly, not die with an unhandled exception."""
+    channel = open_channel(scripted_config_server.target)
+    config = ConfigClient(channel)
+    watcher = CheckpointConfigWatcher(config, reconnect_backoff_s=(0.05, 0.2), watch_deadline_s=0.5)
+    opened: list[int] = []
+    real_watch_config = config.watch_config
+
+    def owner_closes_before_the_second_stream(*args, **kwargs):
+        opened.append(len(opened))
+        if len(opened) == 2:  # the first stream reached its deadline; the thread is between streams
+            watcher.stop()
+            channel.close()
+        return real_watch_config(*args, **kwargs)
+
+    monkeypatch.setattr(config, "watch_config", owner_closes_before_the_second_stream)
+    unhandled: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)
+
+    watcher.start()
+    watcher._thread.join(WAIT_S)  # noqa: SLF001 - the watch thread itself must end
+
+    assert not watcher._thread.is_alive()  # noqa: SLF001
+    assert len(opened) == 2
+    assert unhandled == []
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped meanwhile"])
+def test_a_refused_background_first_read_is_reported_unless_the_watcher_was_stopped(
+        scripted_config_server, caplog, monkeypatch, stopped: bool) -> None:
+    monkeypatch.setattr(policy_module, "FIRST_READ_WAIT_S", float(WAIT_S))
+    service = scripted_config_server.service
+    service.read_failure = grpc.StatusCode.PERMISSION_DENIED
+    service.hold_reads()
+    caplog.set_level(logging.ERROR, logger="checkpointd_client")
+    watcher = _watcher(scripted_config_server.target, reconnect_backoff_s=(0.05, 0.2)).start(wait=False)
+    try:
+        assert service.reads_started.wait(WAIT_S)
+        if stopped:
+            watcher.stop()
+        service.release_reads()
+        if stopped:
+            watcher._thread.join(WAIT_S)  # noqa: SLF001 - the read ended, then the thread
+            assert not watcher._thread.is_alive()  # noqa: SLF001
+        else:
+            watcher.current()  # waits for the first read to end
+    finally:
+        watcher.close()
+    assert ("could not read the checkpointd config" in caplog.text) is not stopped
+
+
+def test_a_program_that_never_closes_its_watcher_still_exits(scripted_config_server) -> None:
+    """The watch runs in a daemon thread: it never keeps the interpreter from exiting."""
+    import subprocess
+    import sys
+
+    program = (
+        "from checkpointd_client import CheckpointConfigWatcher, ConfigClient, open_channel\n"
+        f"watcher = CheckpointConfigWatcher(ConfigClient(open_channel({scripted_config_server.target!r}))).start()\n"
+        "assert watcher.fetched\n"
+        "print('started', flush=True)\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interpreter waited for the watch thread at exit")
+    assert (done.returncode, done.stdout) == (0, "started\n"), done.stderr

@@ -8,6 +8,7 @@ counts what went. These take a few seconds, so `make mutants` runs them per muta
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -153,6 +154,9 @@ def test_gc_deletes_exactly_what_no_checkpoint_references_and_counts_it(engine: 
     assert report.reclaimed_bytes >= 5000 + 3000
     assert (report.store_objects, report.dry_run) == (len(after), False)
     assert report.store_bytes > 0
+    if not isinstance(engine.store, DatabaseStore):  # on disk: every file under the store's root, to the byte
+        assert report.store_bytes == sum(path.lstat().st_size for path in Path(engine.store.root).rglob("*")
+                                         if path.is_file())
     assert engine.checkpoints.get(kept_id, with_state=True).state  # the kept one still reads
     # Nothing is left to collect: a second run deletes nothing.
     assert engine.maintenance.collect_garbage().deleted_objects == 0
@@ -332,3 +336,146 @@ def test_rules_are_strict_bounds() -> None:
     assert not Policy().active
     assert all(p.active for p in (Policy(max_checkpoints=1), Policy(max_age_seconds=1),
                                   Policy(safety_max_age_seconds=1)))
+
+
+def test_a_maintenance_run_empties_the_sqlite_write_ahead_log(engine: Engine, tmp_path: Path) -> None:
+    """docs/PERFORMANCE.md: the write-ahead log is emptied after each maintenance run, which writes much of it."""
+    _two_checkpoints_then_delete_the_first(engine)
+    wal = tmp_path / "meta.db-wal"
+    assert wal.stat().st_size > 0
+
+    report = engine.maintenance.run()
+
+    assert report.gc.deleted_objects > 0
+    assert wal.stat().st_size == 0
+
+
+def test_a_plan_whose_interrupted_rollback_cannot_be_finished_keeps_every_checkpoint_that_run(
+        engine: Engine, monkeypatch) -> None:
+    """Pruning a plan first finishes its interrupted rollback; if that fails, the plan keeps all its
+    checkpoints in this run (none of them is pruned half-way through the list), and the next run,
+    once the rollback can be finished, prunes them."""
+    from checkpointd.core.restore import restorer as restore_module
+
+    class Killed(BaseException):
+        """The process dying at a fault point: nothing in the engine handles it."""
+
+    workspace = engine.workspace()
+    plan_id = str(ULID())
+    ids = []
+    for n in range(3):
+        (workspace / "a.txt").write_text(f"a {n}")
+        (workspace / "b.txt").write_text(f"b {n}")
+        ids.append(engine.create(plan_id, workspace).checkpoint_id)
+    calls: list[Point] = []
+
+    def killed_after_one_change(point: Point) -> None:
+        calls.append(point)
+        if point is Point.RESTORE_CHANGE and len(calls) == 2:
+            raise Killed
+
+    monkeypatch.setattr(restore_module, "crash_point", killed_after_one_change)
+    with pytest.raises(Killed):
+        engine.checkpoints.rollback(RollbackRequest(plan_id, ids[0]))
+    attempts: list[Point] = []
+
+    def unwritable_once(point: Point) -> None:
+        attempts.append(point)
+        if len(attempts) == 1:
+            raise OSError(5, "Input/output error")  # the first attempt to finish it fails; later ones work
+
+    monkeypatch.setattr(restore_module, "crash_point", unwritable_once)
+    engine.config.set(RETENTION_MAX_CHECKPOINTS, 1)
+    regular = [c.row.checkpoint_id for c in engine.checkpoints.list(plan_id)[0] if c.row.phase != "rollback_safety"]
+    assert sorted(regular) == sorted(ids)
+
+    first = engine.maintenance.prune()
+
+    assert attempts and first.total == 0
+    assert {c.row.checkpoint_id for c in engine.checkpoints.list(plan_id)[0]} >= set(ids)
+    second = engine.maintenance.prune()
+    assert second.pruned[Rule.MAX_CHECKPOINTS] == 2
+    assert (workspace / "a.txt").read_text() == "a 0"  # the interrupted rollback was finished first
+
+
+def test_an_object_gone_between_listing_and_sizing_counts_no_bytes(engine: Engine, monkeypatch) -> None:
+    """Another collector (or a compaction) may delete an object after this one listed it: it is
+    deleted all the same, and reclaims no bytes here."""
+    with engine.store.batch() as batch:
+        digests = [batch.put_bytes(os.urandom(100)) for _ in range(3)]
+    listed = engine.store.iter_digests
+    vanished: list[str] = []
+
+    def listing_then_another_deletes_one():
+        yield from listed()
+        if not vanished:
+            vanished.append(digests[1])
+            engine.store.delete(digests[1])
+
+    monkeypatch.setattr(engine.store, "iter_digests", listing_then_another_deletes_one)
+    report = engine.maintenance.collect_garbage()
+
+    assert vanished
+    assert (report.deleted_objects, report.reclaimed_bytes) == (3, 2 * 100)
+    assert engine.stored() == set()
+
+
+def test_a_checkpoint_deleted_by_someone_else_mid_prune_is_not_counted_and_the_rest_are_pruned(
+        engine: Engine) -> None:
+    plan_id = str(ULID())
+    ids = [engine.create(plan_id, state=f"state {n}".encode() * 100).checkpoint_id for n in range(4)]
+    engine.config.set(RETENTION_MAX_CHECKPOINTS, 1)
+    deleted_meanwhile: list[str] = []
+
+    def someone_else_deletes_the_first(checkpoint_id: str) -> None:
+        if not deleted_meanwhile:
+            deleted_meanwhile.append(checkpoint_id)
+            engine.checkpoints.delete(checkpoint_id)  # a DeleteCheckpoint call got there first
+        engine.checkpoints.delete(checkpoint_id)
+
+    maintenance = Maintenance(engine.db, engine.store, engine.checkpoints.trees, engine.config,
+                              someone_else_deletes_the_first)
+    report = maintenance.prune()
+
+    assert deleted_meanwhile
+    assert report.pruned[Rule.MAX_CHECKPOINTS] == 2
+    assert sorted(report.checkpoint_ids + deleted_meanwhile) == sorted(ids[:3])
+    assert [c.row.checkpoint_id for c in engine.checkpoints.list(plan_id)[0]] == [ids[3]]
+
+
+def test_the_maintenance_summary_says_when_it_was_a_dry_run(engine: Engine, caplog) -> None:
+    _two_checkpoints_then_delete_the_first(engine)
+    caplog.set_level(logging.DEBUG, logger="checkpointd.retention")
+
+    engine.maintenance.run(dry_run=True)
+    dry = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
+    caplog.clear()
+    engine.maintenance.run()
+    real = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maintenance:")]
+
+    assert len(dry) == 1 and dry[0].endswith(" (dry run)")
+    assert len(real) == 1 and "dry run" not in real[0] and "deleted 0 object(s)" not in real[0]
+
+
+def test_a_candidate_referenced_again_during_gc_keeps_only_itself(engine: Engine, monkeypatch) -> None:
+    """Objects a checkpoint committed during the collection references are kept; every other
+    unreferenced object listed with them still goes."""
+    workspace = engine.workspace()
+    for n in range(4):
+        (workspace / f"f{n}.txt").write_text(f"referenced again by a checkpoint made during the GC {n}")
+    plan_id = str(ULID())
+    engine.checkpoints.delete(engine.create(plan_id, workspace).checkpoint_id)
+    with engine.store.batch() as batch:
+        garbage = {batch.put_bytes(os.urandom(100)) for _ in range(60)}
+    made: list = []
+
+    def checkpoint_meanwhile(point: Point) -> None:
+        if point is Point.GC_LISTED:
+            made.append(engine.create(plan_id, workspace))
+
+    monkeypatch.setattr(retention_module, "crash_point", checkpoint_meanwhile)
+    report = engine.maintenance.collect_garbage()
+
+    assert made and report.deleted_objects == len(garbage)
+    assert not garbage & engine.stored()
+    assert _referenced_by(engine, made[0]) <= engine.stored()
