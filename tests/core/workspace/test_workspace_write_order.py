@@ -228,6 +228,13 @@ def test_a_large_batch_is_synced_with_one_syncfs_per_file_system_after_every_ren
     assert calls[-1][0] == "syncfs", "the file system was synced before the last rename"
 
 
+def _assert_fsynced_file_by_file(ws: Path, calls: list[tuple]) -> None:
+    synced = {(c[1], c[2]) for c in calls if c[0] == "fsync-file"}
+    for path in ("a.txt", "b.txt", "sub/new.txt"):
+        st = (ws / path).stat()
+        assert (st.st_ino, st.st_size) in synced
+
+
 def test_a_batch_whose_syncfs_fails_is_synced_file_by_file(
     tmp_path: Path, restorer: Restorer, calls: list[tuple], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,10 +250,7 @@ def test_a_batch_whose_syncfs_fails_is_synced_file_by_file(
 
     restorer.apply(Workspace(str(ws)), changes)
 
-    synced = {(c[1], c[2]) for c in calls if c[0] == "fsync-file"}
-    for path in ("a.txt", "b.txt", "sub/new.txt"):
-        st = (ws / path).stat()
-        assert (st.st_ino, st.st_size) in synced
+    _assert_fsynced_file_by_file(ws, calls)
 
 
 def test_a_batch_flushed_early_that_fails_leaves_no_change_unrecorded(
@@ -306,7 +310,4 @@ def test_a_kernel_whose_syncfs_hides_write_errors_syncs_file_by_file(
 
     restorer.apply(Workspace(str(ws)), changes)
 
-    synced = {(c[1], c[2]) for c in calls if c[0] == "fsync-file"}
-    for path in ("a.txt", "b.txt", "sub/new.txt"):
-        st = (ws / path).stat()
-        assert (st.st_ino, st.st_size) in synced
+    _assert_fsynced_file_by_file(ws, calls)
