@@ -191,7 +191,6 @@ class _Verifier:
                     intact = False
         return intact
 
-
     def _children(self, data: bytes) -> dict[str, Entry]:
         """A node's children; a split directory's (see ``tree``) from its parts, each checked
         to hold what the index says, in order."""

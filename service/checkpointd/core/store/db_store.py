@@ -243,12 +243,7 @@ class DatabaseStore(ReplicaFence):
 
     def stored_size(self, digest: str) -> int | None:
         """Bytes a committed object takes in the store (its chunks, compressed); None if it is not stored."""
-        query = (select(func.sum(func.length(_chunks.c.data)))
-                 .where(_chunks.c.digest == digest, select(_objects.c.digest)
-                        .where(_objects.c.digest == digest).exists()))
-        with self.db.engine.connect() as connection:
-            size = connection.execute(query).scalar()
-        return None if size is None else int(size)
+        return self.stored_sizes([digest]).get(digest)
 
     def stored_sizes(self, digests: Iterable[str]) -> dict[str, int]:
         """``stored_size`` of each of ``digests`` that is stored, asked for 500 at a time."""

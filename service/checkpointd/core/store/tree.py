@@ -141,6 +141,17 @@ def split_parts(items: list[tuple[str, Entry]]) -> tuple[list[list[tuple[str, En
     return parts, items[start:]
 
 
+def _with_changes(children: Mapping[str, Entry], changed: Mapping[str, Entry | None]) -> dict[str, Entry]:
+    """A copy of ``children`` with ``changed`` set (None: removed)."""
+    result = dict(children)
+    for name, entry in changed.items():
+        if entry is None:
+            result.pop(name, None)
+        else:
+            result[name] = entry
+    return result
+
+
 EMPTY_TREE = digest_bytes(encode_node({}))
 #: Encoded nodes kept for delta bases: a few captures' worth of changed directories.
 WRITTEN_ENCODINGS_KEPT = 1024
@@ -228,21 +239,20 @@ class Trees:
                 parts.append(tail)
             return self._write_index(batch, [self._write_part(batch, part) for part in parts])
         data = encode_node(children)
-        if previous_digest and isinstance(batch, Batch):
-            with self._cache_lock:
-                base = self._written.get(previous_digest)
-            digest = batch.put_bytes(data, previous_digest, base if base is not None else encode_node(previous))
-        else:
-            digest = batch.put_bytes(data)
+        digest = self._put(batch, data, previous_digest, previous)
         self._remember(digest, dict(children), data)
         return digest
 
-    def _put(self, batch: Batch, data: bytes, previous_digest: str) -> str:
-        """Stores encoded bytes, as a delta of ``previous_digest`` (a node of the same kind) if given."""
+    def _put(self, batch: Batch, data: bytes, previous_digest: str,
+             previous: Mapping[str, Entry] | None = None) -> str:
+        """Stores encoded bytes, as a delta of ``previous_digest`` (a node of the same kind) if
+        given; its bytes come from the encodings kept, else from ``previous``, else the store."""
         if not previous_digest or not isinstance(batch, Batch):
             return batch.put_bytes(data)
         with self._cache_lock:
             base = self._written.get(previous_digest)
+        if base is None and previous is not None:
+            base = encode_node(previous)
         return batch.put_bytes(data, previous_digest, base)
 
     def _write_part(self, batch: Batch, items: list[tuple[str, Entry]],
@@ -350,12 +360,7 @@ class Trees:
         else:
             previous = node
             previous_digest = root if root != EMPTY_TREE else ""
-        children = dict(previous)
-        for name, entry in changed.items():
-            if entry is None:
-                children.pop(name, None)
-            else:
-                children[name] = entry
+        children = _with_changes(previous, changed)
         if len(children) > SPLIT_ENTRIES:
             return self.write(batch, children)
         return self.write(batch, children, previous, previous_digest)
@@ -376,16 +381,7 @@ class Trees:
                 parts.append((index.firsts[i], index.counts[i], digest))
                 continue
             children = self._part(digest)
-            if changes:
-                children = dict(children)
-                for name, entry in changes.items():
-                    if entry is None:
-                        children.pop(name, None)
-                    else:
-                        children[name] = entry
-                items = sorted(children.items())
-            else:
-                items = list(children.items())
+            items = sorted(_with_changes(children, changes).items()) if changes else list(children.items())
             complete, carried = split_parts(carried + items)
             parts.extend(self._write_part(batch, part, digest) for part in complete)
         if carried:
