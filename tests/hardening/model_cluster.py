@@ -2,7 +2,9 @@
 SQLite and the disk store, or two replicas on one PostgreSQL database with `--store db`; each can
 be restarted with faults armed (a kill -9 or a pause at a named point), killed, and collected
 (`checkpointd gc`: offline on the single server's data dir, beside the running replicas on
-PostgreSQL). Packs are kept small (CHECKPOINTD_PACK_ROTATE_BYTES) so collections compact them."""
+PostgreSQL). Packs are kept small (CHECKPOINTD_PACK_ROTATE_BYTES) so collections compact them, and
+directories of more than two entries are stored split (CHECKPOINTD_TREE_SPLIT_ENTRIES), so the
+model's few-entry directories go in and out of the split form that big directories take."""
 
 from __future__ import annotations
 
@@ -25,8 +27,11 @@ from checkpoint.v1 import config_service_pb2_grpc as config_grpc
 from tests.conftest import CHECKPOINTD, RunningServer
 from tests.hardening.support import assert_fsck_clean, start_with_faults
 
+#: Directories of more entries are stored split, in parts of about 2 (the model's hold up to 9).
+SPLIT_ENTRIES = 2
 #: Packs this small hold a few checkpoints each, so that deletions leave some mostly dead.
-SMALL_PACKS = {"CHECKPOINTD_PACK_ROTATE_BYTES": "8192"}
+SMALL_PACKS_AND_PARTS = {"CHECKPOINTD_PACK_ROTATE_BYTES": "8192",
+                         "CHECKPOINTD_TREE_SPLIT_ENTRIES": str(SPLIT_ENTRIES)}
 
 
 class Cluster:
@@ -67,7 +72,7 @@ class Cluster:
         if faults:
             faults = {**faults, "CHECKPOINTD_FAULT_DIR": str(self.handshake)}
         began = time.monotonic()
-        start_with_faults(server, **SMALL_PACKS, **faults)
+        start_with_faults(server, **SMALL_PACKS_AND_PARTS, **faults)
         self.stats["seconds starting servers"] += time.monotonic() - began
         self.starts += 1
         self.armed[index] = faults
@@ -171,7 +176,7 @@ class Cluster:
         if self.db_url:
             command += ["--db-url", self.db_url]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("CHECKPOINTD_")}
-        environment.update(SMALL_PACKS)
+        environment.update(SMALL_PACKS_AND_PARTS)
         if crash_at:
             environment["CHECKPOINTD_CRASH_AT"] = crash_at
         done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)

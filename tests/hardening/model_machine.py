@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import grpc
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from tests.hardening import model_workspace as ws
-from tests.hardening.model_cluster import Cluster
+from tests.hardening.model_cluster import SPLIT_ENTRIES, Cluster
 from tests.hardening.support import GONE
 from tests.helpers import error_info
 
@@ -253,9 +254,10 @@ class ModelMachine(Calls, RuleBasedStateMachine):
     # -- workspace edits --------------------------------------------------------------------
 
     def edit(self, edits):
-        """One to four edits of the workspace (see ``random_edit``)."""
+        """One to four edits of the workspace (see ``random_edit``); none through a symbolic link."""
         for name, *arguments in edits:
-            getattr(self, f"_{name}")(*arguments)
+            if not any(isinstance(a, str) and ws.through_a_link(self.root, a) for a in arguments):
+                getattr(self, f"_{name}")(*arguments)
 
     def _write(self, path, content, mode):
         ws.write_file(self.root, path, content, mode)
@@ -314,7 +316,10 @@ class ModelMachine(Calls, RuleBasedStateMachine):
         rules = ws.Rules.of(disk)
         want_skipped = {p for p in disk if rules.oversized(p, disk) and not rules.ignored(p, disk)}
         assert {s.path for s in checkpoint.skipped_files} == want_skipped, checkpoint.skipped_files
-        self.acked[checkpoint.checkpoint_id] = Ack(ws.capture(disk), rules, checkpoint.sequence, request.state, pinned)
+        held = ws.capture(disk)
+        if max(Counter(path.rpartition("/")[0] for path in held).values(), default=0) > SPLIT_ENTRIES:
+            self.cluster.stats["checkpoints holding a split directory"] += 1
+        self.acked[checkpoint.checkpoint_id] = Ack(held, rules, checkpoint.sequence, request.state, pinned)
 
     def diff_live(self, data):
         base = self.pick(data)

@@ -56,6 +56,13 @@ def parents(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
+def through_a_link(root: Path, path: str) -> bool:
+    """Whether a directory above ``path`` is a symbolic link: an edit of that path would reach
+    through it (perhaps out of the workspace, or into the directory being removed), so the model's
+    edits leave such paths alone, as ``make_parents`` does for the edits that create."""
+    return any((root / parent).is_symlink() for parent in parents(path))
+
+
 def inside(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/")
 

@@ -22,7 +22,7 @@ from tests.helpers import tree_state
 
 FAULT_VARIABLES = tuple(action.value for action in Action)
 #: Variables that shrink a server's limits so that a test reaches what they bound (see ``store``).
-TEST_KNOBS = ("CHECKPOINTD_PACK_ROTATE_BYTES",)
+TEST_KNOBS = ("CHECKPOINTD_PACK_ROTATE_BYTES", "CHECKPOINTD_TREE_SPLIT_ENTRIES")
 #: Codes a call gets when the server died under it (or is not back yet).
 GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 

@@ -9,7 +9,9 @@ choice among many rules repeats one for long stretches when it runs as few examp
 allow). The steps (tests/hardening/model_machine.py): workspace edits (write, append, delete, rename, mkdir,
 chmod with setuid/setgid/sticky, symlinks, hard links inside the workspace and to files outside
 it written through their outside name, type flips, .gitignore edits, same-size same-mtime
-rewrites, files over the size limit); CreateCheckpoint (some pinned), DiffCheckpoints against the
+rewrites, files over the size limit); CreateCheckpoint (some pinned; the servers store directories of
+more than two entries split into parts, as they do directories of thousands, so edits move
+directories in and out of that form), DiffCheckpoints against the
 live workspace, DeleteCheckpoint, a retention rule, `checkpointd gc` (retention, collection and
 compaction of small packs, killed at a compaction point), restart and kill -9, a kill -9 armed at
 a fault point of CreateCheckpoint or Rollback (the call is retried with its request_id; on
@@ -77,7 +79,7 @@ def run_machine(cluster: Cluster, examples: int, steps: int, restart_budget: int
     # The machine must have reached what it is meant to test (with the fixed seed it does).
     if "CHECKPOINTD_MODEL_REPRODUCE" not in os.environ:
         for what in ("calls CreateCheckpoint", "rollbacks checked byte for byte", "kills at armed points",
-                     "writes racing a rollback", "collections"):
+                     "writes racing a rollback", "collections", "checkpoints holding a split directory"):
             assert stats[what] > 0, f"no {what} in this run: {dict(stats)}"
 
 

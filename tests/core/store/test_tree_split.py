@@ -5,7 +5,10 @@ lookups and diffs see the same children as if the node were whole."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -169,3 +172,16 @@ def test_a_part_holds_a_plain_node(trees):
     root = with_big(trees, children(SPLIT_ENTRIES + 1))
     for part in trees.parts(trees.lookup(root, "big").digest):
         assert decode_node(trees.store.read_bytes(part))
+
+
+@pytest.mark.parametrize(("value", "want"), [("", "2048 511 4096"), ("2", "2 1 4"), ("16", "16 3 32"),
+                                             ("1", "ValueError")])
+def test_tests_lower_the_split_threshold_through_the_environment(value, want):
+    """The model-based test starts servers that split directories of three entries
+    (CHECKPOINTD_TREE_SPLIT_ENTRIES); parts stay about a quarter of the threshold."""
+    code = ("from checkpointd.core.store import tree\n"
+            "print(tree.SPLIT_ENTRIES, tree.PART_MASK, tree.PART_MAX_ENTRIES)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CHECKPOINTD_TREE_SPLIT_ENTRIES": value})
+    assert want in (done.stdout + done.stderr), done.stderr
+    assert (done.returncode == 0) == (want != "ValueError")

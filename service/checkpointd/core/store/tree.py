@@ -73,11 +73,16 @@ def decode_node(data: bytes) -> dict[str, Entry]:
 
 
 #: A directory with more children than this is stored split (see the module's docstring).
-SPLIT_ENTRIES = 2048
-#: A part ends after a child whose name's CRC-32 has these bits clear: ~512 children a part.
-PART_MASK = 511
+#: Tests lower it (``CHECKPOINTD_TREE_SPLIT_ENTRIES``) so a server splits the few-entry directories
+#: of a model workspace; a store's digests depend on it, so one store keeps one value.
+SPLIT_ENTRIES = int(os.environ.get("CHECKPOINTD_TREE_SPLIT_ENTRIES") or 2048)
+if SPLIT_ENTRIES < 2:
+    raise ValueError(f"CHECKPOINTD_TREE_SPLIT_ENTRIES must be at least 2, not {SPLIT_ENTRIES}")
+#: A part ends after a child whose name's CRC-32 has these bits clear: parts of about a quarter
+#: of ``SPLIT_ENTRIES`` children (511: ~512).
+PART_MASK = (1 << max(1, (SPLIT_ENTRIES // 4).bit_length() - 1)) - 1
 #: ... or once it holds this many children (names chosen to never end a part).
-PART_MAX_ENTRIES = 4096
+PART_MAX_ENTRIES = 2 * SPLIT_ENTRIES
 _INDEX_KEY = "parts"
 
 
