@@ -48,7 +48,7 @@ from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.kernel.telemetry import GcReport
 from checkpointd.core.kernel.vocabulary import Phase
 from checkpointd.core.metadata.db import Database
-from checkpointd.core.metadata.models import CheckpointRow, ConfigRow, ObjectRow
+from checkpointd.core.metadata.models import CheckpointRow, ConfigRow, ObjectChunkRow, ObjectRow
 from checkpointd.core.store.content_store import ContentStore, Postponed
 from checkpointd.core.store.db_store import DatabaseStore
 from checkpointd.core.store.tree import EntryKind, Trees
@@ -88,11 +88,13 @@ def object_sizes(store: ContentStore | DatabaseStore, digests: Iterable[str]) ->
 
 
 def store_footprint(store: ContentStore | DatabaseStore) -> tuple[int, int]:
-    """(objects, bytes) held by the store: on disk, every file under its root (packs and
-    loose objects alike); in the database, the objects' content sizes."""
+    """(objects, bytes) held by the store, as stored (what ``stored_sizes`` counts per object):
+    on disk, every file under its root (packs and loose objects alike); in the database, the
+    length of every chunk (compressed or a delta), an object's not yet committed included."""
     if isinstance(store, DatabaseStore):
         with store.db.session() as session:
-            count, total = session.exec(select(func.count(), func.coalesce(func.sum(ObjectRow.size), 0))).one()
+            count = session.exec(select(func.count()).select_from(ObjectRow)).one()
+            total = session.exec(select(func.coalesce(func.sum(func.length(ObjectChunkRow.data)), 0))).one()
         return count, int(total)
     total = 0
     for directory, _dirs, files in os.walk(store.root):
