@@ -121,7 +121,15 @@ class PackReplay:
                 break
             chain[current] = None
             current = location.base
+        undecided = False
         for delta in reversed(chain):
+            if delta in recovery.falling_back:
+                # An earlier record of it is being tried, and this chain leads back to it: whether
+                # it (and what depends on it here) resolves is for that fall-back to find out.
+                undecided, ok = True, False
+                continue
+            if undecided:
+                continue
             if delta in resolved:  # settled meanwhile, on the chain of a record fallen back on
                 ok = resolved[delta]
                 continue
@@ -136,12 +144,16 @@ class PackReplay:
         """Drops the indexed record of ``digest``; an earlier record of it that resolves
         (one a later batch's record superseded) takes its place. Whether one did."""
         self._mark_dead(digest, self._committed.pop(digest))
-        for earlier in reversed(recovery.superseded.pop(digest, [])):
-            self._committed[digest] = earlier
-            if earlier.pack is not None:
-                self._dead[earlier.pack] -= RECORD.size + earlier.length
-            if earlier.kind not in DELTAS or self._resolves(earlier.base, recovery,
-                                                              {} if resolved is None else resolved):
-                return True
-            self._mark_dead(digest, self._committed.pop(digest))
-        return False
+        recovery.falling_back.add(digest)
+        try:
+            for earlier in reversed(recovery.superseded.pop(digest, [])):
+                self._committed[digest] = earlier
+                if earlier.pack is not None:
+                    self._dead[earlier.pack] -= RECORD.size + earlier.length
+                if earlier.kind not in DELTAS or self._resolves(earlier.base, recovery,
+                                                                  {} if resolved is None else resolved):
+                    return True
+                self._mark_dead(digest, self._committed.pop(digest))
+            return False
+        finally:
+            recovery.falling_back.discard(digest)
