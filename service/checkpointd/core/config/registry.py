@@ -257,18 +257,19 @@ class ConfigStore:
         found = {(r.plan_id, r.key): r for r in rows}
         out = {}
         for key in keys:
-            row = found.get((plan_id, key.name)) if plan_id else None
-            source = Source.PLAN
-            if row is None:
-                row, source = found.get(("", key.name)), Source.GLOBAL
-            if row is None:
-                out[key.name] = Effective(key, key.default, Source.DEFAULT, plan_id, None)
-                continue
-            try:
-                value = key.validate(row.value)
-            except ValueError:
-                value, source = key.default, Source.DEFAULT
-            out[key.name] = Effective(key, value, source, plan_id, row.update_time)
+            out[key.name] = Effective(key, key.default, Source.DEFAULT, plan_id, None)
+            # The plan's value, else the global one; a stored value that no longer passes the key's
+            # schema (written by another release) is passed over as if it were not there.
+            for row, source in ((found.get((plan_id, key.name)) if plan_id else None, Source.PLAN),
+                                (found.get(("", key.name)), Source.GLOBAL)):
+                if row is None:
+                    continue
+                try:
+                    value = key.validate(row.value)
+                except ValueError:
+                    continue
+                out[key.name] = Effective(key, value, source, plan_id, row.update_time)
+                break
         return out
 
     def set(self, name: str, value: Any, plan_id: str = "") -> Effective:
