@@ -1,5 +1,5 @@
 """The metadata database's write-ahead log stays small: it is checkpointed every
-``WAL_AUTOCHECKPOINT_PAGES`` pages (not SQLite's 4 MiB), and emptied after maintenance."""
+``WAL_AUTOCHECKPOINT_BYTES`` (not SQLite's 4 MiB), and emptied after maintenance."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_every_connection_checkpoints_a_small_log_and_truncate_wal_empties_it(tm
         with database.engine.connect() as connection:
             pages = connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()
             limit = connection.exec_driver_sql("PRAGMA journal_size_limit").scalar()
-        assert pages == db_module.WAL_AUTOCHECKPOINT_PAGES < 1000
+        assert pages * db_module.PAGE_SIZE == db_module.WAL_AUTOCHECKPOINT_BYTES < 1000 * 4096
         assert limit == db_module.WAL_SIZE_LIMIT
         wal = tmp_path / "meta.db-wal"
         with database.engine.begin() as connection:  # one bulk transaction: the log grows past the limit

@@ -37,8 +37,8 @@ KINDS = (RAW, ZLIB, ZSTD, DELTA, ZSTD_DELTA, DELETED)
 #: base as a raw-content dictionary (kind ``Y``), or, written before, zlib with the base's last
 #: 32 KiB (kind ``X``: zlib looks back no further, so a change near the top of a file over 32
 #: KiB cost a whole copy, and level-1 zlib deltas of small files were about 1.8x zstd's). A new
-#: version of a file or of a directory node is stored against the previous one; chains stay
-#: short to bound reads.
+#: version of a file or of a directory node is stored against the previous one, or against a
+#: stored object found like it by content (``similar``); chains stay short to bound reads.
 DELTA_HEADER = struct.Struct(">32sB")
 
 #: Packs that may hold zstd deltas. A server from before them refuses such a pack as "not a
