@@ -5,6 +5,7 @@ records), aborted and crashed batches, deletions, compactions, torn tails and re
 - every committed object is stored and reads back exactly, before and after a reopen;
 - an object that was never committed is not counted as stored while the store is open (after a
   crash, a record that reads back right may be indexed), and a deleted one stays deleted;
+- an object up to the packed size limit is packed, taking at most its length and a record header;
 - every byte of every pack is accounted for: its header, the live records, the dead ones
   (``compact_all`` reclaims exactly those) and the tombstones;
 - nothing is reported as damage.
@@ -140,6 +141,9 @@ def _check(store: ContentStore, model: Model) -> None:
         assert not store.has(digest) and store.stored_size(digest) is None
     sizes = store.stored_sizes([*model.committed, *model.deleted])
     assert set(sizes) == set(model.committed)
+    for digest, data in model.committed.items():  # small objects are packed, never larger than raw
+        assert not store.path_of(digest).exists()
+        assert sizes[digest] <= RECORD.size + len(data)
     assert store.damage() == []
     packs = sorted(store.packs_dir.glob("pack-*.pack"))
     assert packs == [pack.path for pack in store._packs]
@@ -255,9 +259,9 @@ def _run(steps, root: Path) -> None:
         store.close()
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+@settings(max_examples=45, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(steps=st.lists(STEP, min_size=1, max_size=12))
+@given(steps=st.lists(STEP, min_size=1, max_size=14))
 def test_any_sequence_of_store_operations_keeps_exactly_the_committed_objects(steps, tmp_path_factory, monkeypatch):
     monkeypatch.setattr(store_module, "PACK_ROTATE_BYTES", ROTATE_BYTES)
     _run(steps, tmp_path_factory.mktemp("store"))

@@ -5,6 +5,7 @@ races are made deterministic by letting the "other thread" write at the point it
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -13,8 +14,9 @@ import threading
 import pytest
 import zstandard
 
-from checkpointd.core.kernel.errors import DataLoss
+from checkpointd.core.kernel.errors import DataLoss, ResourceExhausted
 from checkpointd.core.store import content_store as store_module
+from checkpointd.core.store import packs as packs_module
 from checkpointd.core.store.content_store import ContentStore, SharedExclusiveLock
 from checkpointd.core.workspace.readworker import RECORD, pack_body
 
@@ -337,3 +339,103 @@ def test_a_delta_fallen_back_on_at_open_may_itself_be_a_delta(tmp_path):
     reopened = ContentStore(tmp_path)
     assert reopened.has(digest) and reopened.read_bytes(digest) == version
     assert reopened.damage() == []
+
+
+# -- a full disk ------------------------------------------------------------------------------------
+
+
+def _full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class _FullFile:
+    """A staged file on a full disk: every write fails."""
+
+    def __init__(self, fd: int, mode: str) -> None:
+        self._file = open(fd, mode)  # noqa: SIM115 - closed by __exit__
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("fails", ["writing", "syncing", "renaming"])
+def test_a_large_object_that_the_disk_cannot_take_leaves_nothing_behind(tmp_path, monkeypatch, fails):
+    """Whether the disk fills while the object is written, synced or renamed into place: the
+    caller is told the store is full, the batch is reported aborted, and nothing is left staged,
+    stored or readable."""
+    store = ContentStore(tmp_path)
+    data = os.urandom(store_module.COMPRESS_LIMIT + 7)
+    finished = []
+    with monkeypatch.context() as patch:
+        if fails == "writing":
+            patch.setattr(store_module.os, "fdopen", _FullFile)
+        elif fails == "syncing":
+            patch.setattr(store_module.os, "fsync", _full)
+        else:
+            patch.setattr(store_module.os, "replace", _full)
+        with pytest.raises(ResourceExhausted), store.batch() as batch:
+            batch.when_finished(finished.append)
+            digest = batch.put_bytes(data)
+    assert finished == [False]
+    assert list(store.staging.iterdir()) == []
+    assert not store.has(hashlib.sha256(data).hexdigest())
+    if fails != "writing":
+        with pytest.raises(DataLoss):
+            store.read_bytes(digest)
+
+
+def test_a_commit_that_cannot_sync_its_pack_aborts_the_batch(tmp_path, monkeypatch):
+    store = ContentStore(tmp_path)
+    finished = []
+    with monkeypatch.context() as patch:
+        patch.setattr(packs_module.os, "fdatasync", _full)
+        batch = store.batch()
+        batch.when_finished(finished.append)
+        digest = batch.put_bytes(b"cannot be made durable " * 4)
+        with pytest.raises(ResourceExhausted):
+            batch.commit()
+    assert finished == [False] and not store.has(digest)
+    with pytest.raises(DataLoss):
+        store.read_bytes(digest)
+    with store.batch() as batch:
+        assert batch.put_bytes(b"cannot be made durable " * 4) == digest
+    assert ContentStore(tmp_path).read_bytes(digest) == b"cannot be made durable " * 4
+
+
+def test_a_pack_larger_than_the_read_ahead_of_its_replay_is_indexed_whole(tmp_path):
+    """Replaying a pack on open reads it a few MiB at a time: records on both sides of every
+    boundary (and headers that straddle one) must be found."""
+    store = ContentStore(tmp_path)
+    contents = [os.urandom(store_module.COMPRESS_LIMIT - n) for n in range(5)] + [os.urandom(50) for _ in range(3)]
+    with store.batch() as batch:
+        digests = [batch.put_bytes(data) for data in contents]
+    [pack] = _packs(store)
+    assert pack.stat().st_size > 4 << 20
+    store.close()
+    reopened = ContentStore(tmp_path)
+    assert sorted(reopened.iter_digests()) == sorted(digests)
+    assert [reopened.read_bytes(d) for d in digests] == contents
+
+
+def test_appends_the_kernel_takes_a_few_bytes_at_a_time_are_completed(tmp_path, monkeypatch):
+    """``pwrite`` may write less than it is given: the rest is written after it; a write of
+    nothing at all means the disk is full, and the pack is left as it was."""
+    store = ContentStore(tmp_path)
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(packs_module.os, "pwrite", lambda fd, data, offset: real_pwrite(fd, data[:7], offset))
+    contents = [b"appended seven bytes at a time " * 9, os.urandom(300)]
+    with store.batch() as batch:
+        digests = [batch.put_bytes(data) for data in contents]
+    size = _packs(store)[0].stat().st_size
+    monkeypatch.setattr(packs_module.os, "pwrite", lambda fd, data, offset: 0)
+    with pytest.raises(ResourceExhausted), store.batch() as batch:
+        batch.put_bytes(b"nothing of it is written " * 9)
+    monkeypatch.undo()
+    assert _packs(store)[0].stat().st_size == size
+    assert [ContentStore(tmp_path).read_bytes(d) for d in digests] == contents
