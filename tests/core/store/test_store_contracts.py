@@ -131,7 +131,7 @@ def _tombstone_bytes(path: Path) -> int:
     return total
 
 
-def _check(store: ContentStore, model: Model) -> None:
+def check_store(store: ContentStore, model: Model) -> None:
     """The store holds exactly the model's committed objects, and accounts for every pack byte."""
     assert set(store.iter_digests()) == set(model.committed)
     for digest, data in model.committed.items():
@@ -164,7 +164,7 @@ def _reopen(store: ContentStore, root: Path, model: Model) -> ContentStore:
     return reopened
 
 
-def _compact(store: ContentStore, model: Model) -> None:
+def _compact(store: ContentStore) -> None:
     """``compact_all`` reclaims exactly the dead bytes (and the tombstones no older pack needs);
     afterwards nothing is dead, and a second one has nothing to do."""
     before = sum(p.stat().st_size for p in store.packs_dir.glob("pack-*.pack"))
@@ -177,7 +177,6 @@ def _compact(store: ContentStore, model: Model) -> None:
     assert not any(store._dead.values())
     with store.collecting():
         assert store.compact_all() == (0, 0)
-    del model
 
 
 def _run(steps, root: Path) -> None:
@@ -231,7 +230,7 @@ def _run(steps, root: Path) -> None:
                     with store.collecting():
                         store.delete(_digest(data))
             elif name == "compact":
-                _compact(store, model)
+                _compact(store)
             elif name == "reopen":
                 store = _reopen(store, root / "store", model)
             else:  # a record cut short by a crash at the end of the last pack
@@ -248,13 +247,13 @@ def _run(steps, root: Path) -> None:
                 store = _reopen(store, root / "store", model)
                 if packs:
                     assert packs[-1].stat().st_size == intact, "the torn record was not cut off"
-            _check(store, model)
+            check_store(store, model)
         store = _reopen(store, root / "store", model)
-        _check(store, model)
-        _compact(store, model)
-        _check(store, model)
+        check_store(store, model)
+        _compact(store)
+        check_store(store, model)
         store = _reopen(store, root / "store", model)
-        _check(store, model)
+        check_store(store, model)
     finally:
         store.close()
 
