@@ -468,3 +468,48 @@ def test_a_store_opens_when_a_superseded_delta_leads_back_to_its_own_object(tmp_
     store = ContentStore(tmp_path)
     assert sorted(store.iter_digests()) == [hashlib.sha256(whole).hexdigest()]
     assert store.read_bytes(hashlib.sha256(whole).hexdigest()) == whole and store.damage() == []
+
+
+def test_a_commit_whose_records_another_commits_sync_covered_does_not_sync_again(tmp_path, monkeypatch):
+    """Group commit: a commit that waited while another synced the pack up to (exactly) the end of
+    its own records finds them durable and returns without a second fdatasync."""
+    store = ContentStore(tmp_path)
+    first, second = store.batch(), store.batch()
+    digests = [first.put_bytes(os.urandom(200)), second.put_bytes(os.urandom(200))]
+    pack = store._active
+    entries = []
+    second_waits = threading.Event()
+
+    class AnnouncingLock:
+        """The pack's sync lock, telling when a second committer has come to wait for it."""
+
+        def __init__(self) -> None:
+            self._lock = threading.Lock()
+
+        def __enter__(self):
+            entries.append(threading.current_thread())
+            if len(entries) == 2:
+                second_waits.set()
+            self._lock.acquire()
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self._lock.release()
+
+    pack._sync_lock = AnnouncingLock()
+    syncs = []
+    real_fdatasync = os.fdatasync
+    waiter = threading.Thread(target=second.commit)
+
+    def fdatasync(fd: int) -> None:
+        syncs.append(fd)
+        if len(syncs) == 1:  # while the first commit syncs, the second one comes to wait
+            waiter.start()
+            second_waits.wait()
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(packs_module.os, "fdatasync", fdatasync)
+    first.commit()
+    waiter.join()
+    assert len(syncs) == 1 and len(entries) == 2
+    assert all(store.has(d) for d in digests)
