@@ -10,6 +10,7 @@ import hashlib
 import os
 import random
 import threading
+import zlib
 
 import pytest
 import zstandard
@@ -513,3 +514,34 @@ def test_a_commit_whose_records_another_commits_sync_covered_does_not_sync_again
     waiter.join()
     assert len(syncs) == 1 and len(entries) == 2
     assert all(store.has(d) for d in digests)
+
+
+def test_a_store_written_before_packs_is_read_whole(tmp_path):
+    """Stores from before packs keep every object loose, zlib (``Z``) or raw (``R``) after a
+    one-byte header: they open, read back, are sized and deleted like large objects; a loose file
+    with another header, or content that is not its name's, is data loss."""
+    objects = {b"Z": b"a text file compressed with zlib\n" * 40, b"R": os.urandom(500)}
+    digests = {}
+    for kind, data in objects.items():
+        digest = digests[kind] = hashlib.sha256(data).hexdigest()
+        path = tmp_path / "objects" / digest[:2] / digest[2:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(kind + (zlib.compress(data) if kind == b"Z" else data))
+    bad = {"no header": b"?" + b"x" * 10, "wrong content": b"R" + b"not what its name says"}
+    for reason, content in bad.items():
+        digest = digests[reason] = hashlib.sha256(reason.encode()).hexdigest()
+        path = tmp_path / "objects" / digest[:2] / digest[2:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    store = ContentStore(tmp_path)
+    assert sorted(store.iter_digests()) == sorted(digests.values())
+    for kind, data in objects.items():
+        assert store.read_bytes(digests[kind]) == data
+        assert store.stored_size(digests[kind]) == store.path_of(digests[kind]).stat().st_size
+    for reason in bad:
+        with pytest.raises(DataLoss):
+            store.read_bytes(digests[reason])
+    with store.collecting():
+        store.delete(digests[b"Z"])
+    assert not ContentStore(tmp_path).has(digests[b"Z"])
+    assert ContentStore(tmp_path).read_bytes(digests[b"R"]) == objects[b"R"]
