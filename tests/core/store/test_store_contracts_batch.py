@@ -545,3 +545,28 @@ def test_a_store_written_before_packs_is_read_whole(tmp_path):
         store.delete(digests[b"Z"])
     assert not ContentStore(tmp_path).has(digests[b"Z"])
     assert ContentStore(tmp_path).read_bytes(digests[b"R"]) == objects[b"R"]
+
+
+def test_an_object_fallen_back_on_at_open_stays_the_base_of_its_deltas(tmp_path):
+    """An object whose latest record is a delta of a base that is not stored falls back on its
+    earlier, whole record; a version stored as a delta of that object still resolves through it."""
+    store = ContentStore(tmp_path)
+    base = b"".join(b"line %d of a file an agent keeps editing\n" % i for i in range(300))
+    version = base + b"one more line\n"
+    with store.batch() as batch:
+        base_digest = batch.put_bytes(base)
+    with store.batch() as batch:
+        version_digest = batch.put_bytes(version, base_digest)
+    assert store._committed[version_digest].kind == b"Y"
+    store.close()
+    [pack] = _packs(store)
+    # a later record of the base, a delta of something never stored, within the pack's durable
+    # part (so indexed by its header alone)
+    with open(pack, "ab") as f:
+        f.write(_delta_record(base_digest, "ab" * 32))
+    with open(pack, "r+b") as f:
+        f.seek(8)
+        f.write(pack.stat().st_size.to_bytes(8, "big"))
+    reopened = ContentStore(tmp_path)
+    assert reopened.read_bytes(base_digest) == base and reopened.read_bytes(version_digest) == version
+    check_store(reopened, Model(committed={base_digest: base, version_digest: version}))
