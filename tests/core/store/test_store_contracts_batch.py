@@ -570,3 +570,22 @@ def test_an_object_fallen_back_on_at_open_stays_the_base_of_its_deltas(tmp_path)
     reopened = ContentStore(tmp_path)
     assert reopened.read_bytes(base_digest) == base and reopened.read_bytes(version_digest) == version
     check_store(reopened, Model(committed={base_digest: base, version_digest: version}))
+
+
+def test_a_large_object_stays_readable_while_its_commit_renames_it_into_place(tmp_path, monkeypatch):
+    """Between the rename of a staged large object to its final name and the index update, a
+    reader holding the staged name finds the object under its final one."""
+    store = ContentStore(tmp_path)
+    data = os.urandom(store_module.COMPRESS_LIMIT + 3)
+    batch = store.batch()
+    digest = batch.put_bytes(data)
+    read_meanwhile = []
+    real_replace = os.replace
+
+    def replace(source, target):
+        real_replace(source, target)
+        read_meanwhile.append(store.read_bytes(digest) == data)
+
+    monkeypatch.setattr(store_module.os, "replace", replace)
+    batch.commit()
+    assert read_meanwhile == [True] and store.has(digest)
