@@ -36,7 +36,7 @@ def _record(data: bytes) -> tuple[str, bytes]:
 # -- the lock between a collection and captures ------------------------------------------------
 
 
-@pytest.mark.parametrize("patience", [None, 5.0], ids=["waiting", "patient"])
+@pytest.mark.parametrize("patience", [None, 60.0], ids=["waiting", "patient"])
 def test_no_capture_enters_while_a_collection_holds_the_store(patience):
     """Whether the collection waited for captures or took the store within its patience, no new
     capture may enter until it is done, and then they may again."""
@@ -48,7 +48,7 @@ def test_no_capture_enters_while_a_collection_holds_the_store(patience):
     release()
 
 
-@pytest.mark.parametrize("patience", [None, 5.0], ids=["waiting", "patient"])
+@pytest.mark.parametrize("patience", [None, 60.0], ids=["waiting", "patient"])
 def test_a_collection_waits_for_the_capture_that_holds_the_store(patience):
     """A capture that entered first is let finish: the collection enters only once it leaves,
     and no capture enters meanwhile."""
