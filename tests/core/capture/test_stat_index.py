@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import threading
 
 from checkpointd.core.capture.stat_index import BULK_UPDATE_ROWS, Indexed, StatIndex
+from checkpointd.core.metadata.db import PAGE_SIZE, WAL_AUTOCHECKPOINT_BYTES
 
 
 def _entries(count: int) -> dict[str, Indexed]:
@@ -94,3 +96,36 @@ def test_loading_a_new_root_while_the_writer_works_holds_up_no_other_roots_updat
         assert not update.is_alive(), "an update queued behind another root's read"
     loading.join(timeout=10)
     index.close()
+
+
+def test_a_new_index_has_small_pages_and_an_old_one_keeps_its_own(tmp_path):
+    """A new index takes the metadata database's small pages (issue 21: a small workspace's index is
+    mostly half-empty pages), its log still checkpointed after the same bytes; one created with
+    SQLite's 4 KiB pages keeps them and is read and written as before."""
+    def pragmas(path):
+        db = sqlite3.connect(path)
+        try:
+            return [db.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_size", "wal_autocheckpoint")]
+        finally:
+            db.close()
+
+    entries = _entries(500)
+    new = tmp_path / "new.sqlite"
+    index = StatIndex(new)
+    assert index._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] * PAGE_SIZE == WAL_AUTOCHECKPOINT_BYTES
+    index.for_root("/workspace").update(entries)
+    index.close()
+    assert pragmas(new)[0] == PAGE_SIZE == 1024
+    assert _read_back(new) == entries
+
+    old = tmp_path / "old.sqlite"
+    db = sqlite3.connect(old)
+    db.execute("PRAGMA page_size=4096")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.close()
+    index = StatIndex(old)
+    assert index._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] * 4096 == WAL_AUTOCHECKPOINT_BYTES
+    index.for_root("/workspace").update(entries)
+    index.close()
+    assert pragmas(old)[0] == 4096
+    assert _read_back(old) == entries
