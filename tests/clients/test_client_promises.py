@@ -130,3 +130,18 @@ def test_an_on_error_checkpoint_that_fails_never_replaces_the_original_error(
 
     assert raised.value is failure
     assert any("on_error checkpoint could not be recorded" in note for note in failure.__notes__)
+
+
+def test_checkpointd_reads_the_settings_before_it_returns_unless_told_not_to_wait_or_not_to_read(
+    target: str, hung_server_target: str
+) -> None:
+    """`Checkpointd` (wiring.py): by default the server's settings are read before the constructor
+    returns; with `settings_in_background=True` constructing never waits on checkpointd (here, a
+    server that never answers); with `watch_config=False` they are never read."""
+    with Checkpointd(target) as waited:
+        assert waited.settings.fetched
+    with Checkpointd(hung_server_target, settings_in_background=True) as background:
+        assert not background.settings.fetched
+    with Checkpointd(target, watch_config=False) as unwatched:
+        assert not unwatched.settings.fetched
+        assert unwatched.policy().is_enabled("on_error")
