@@ -3,8 +3,8 @@ under the same id is refused with REQUEST_ID_REUSED, also when the first was ser
 replica or by an earlier release.
 
 When two servers race on one id, the lookup before the work misses a record another replica
-commits meanwhile, and the record's insert is what finds it. A retry of the same request must still answer the first result (one rollback applied, one
-checkpoint); a different request under that id must still be refused with REQUEST_ID_REUSED,
+commits meanwhile, and the record's insert is what finds it: a retry must still answer the
+first result (one rollback applied, one checkpoint), a different request must still be refused,
 leaving nothing behind. The race is made deterministic by hiding the record from the first
 lookup only (a fault injected into the engine's module: what a lookup that ran just before the
 other replica's commit sees); everything after it runs on the real database.
