@@ -16,12 +16,17 @@ import grpc
 import pytest
 
 from checkpointd_client import (
+    CheckpointClient,
     Checkpointd,
     CheckpointdRpcError,
+    CheckpointSettings,
     ConfigKey,
     ExecutePhase,
+    FixedSettings,
     SubplanSpawn,
     ToolCall,
+    ToolCheckpointInterceptor,
+    TriggerPolicy,
     phase_name,
 )
 
@@ -145,3 +150,15 @@ def test_checkpointd_reads_the_settings_before_it_returns_unless_told_not_to_wai
     with Checkpointd(target, watch_config=False) as unwatched:
         assert not unwatched.settings.fetched
         assert unwatched.policy().is_enabled("on_error")
+
+
+def test_a_deadline_spent_waiting_for_the_settings_is_reported_as_such_without_a_call(hung_server_target: str) -> None:
+    """One deadline covers the wait for the settings and the checkpoint (interceptors.py): when
+    nothing is left of it, no call is made and the warning says where the time went."""
+    spent = FixedSettings(CheckpointSettings(client_deadline_s=0.0))
+    with grpc.insecure_channel(hung_server_target) as channel:
+        interceptor = ToolCheckpointInterceptor(CheckpointClient(channel), TriggerPolicy(spent))
+        taken = interceptor.begin(ToolCall("framework/patch", "01M8X8FY7GXHDEE1ASHKVMYEVJ"))
+    assert taken.before is None
+    (warning,) = taken.warnings
+    assert "DEADLINE_EXCEEDED: checkpointd's settings could not be read within the 0 s deadline" in warning
