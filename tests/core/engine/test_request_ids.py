@@ -91,7 +91,7 @@ def test_a_rollback_retried_on_another_replica_meanwhile_is_applied_once(engine,
 
 
 def test_a_different_rollback_racing_for_the_same_request_id_is_refused_and_changes_nothing(
-        engine, workspace, tmp_path, monkeypatch):
+        engine, workspace, monkeypatch):
     plan_id = str(ULID())
     (workspace / "f.txt").write_text("one")
     target = engine.create(CreateRequest(plan_id=plan_id, workspace_root=str(workspace))).row.checkpoint_id
@@ -140,11 +140,15 @@ def test_a_create_served_on_the_loop_captures_the_workspace_another_replica_reco
                                      .values(workspace_root=str(workspace)))
         session.commit()
 
+    ran = []
+
     async def in_a_thread(function, *arguments):
+        ran.append(function.__name__)
         return await asyncio.get_running_loop().run_in_executor(None, function, *arguments)
 
     made = asyncio.run(engine.create_async(CreateRequest(plan_id=plan_id, state=b"second"), in_a_thread))
 
+    assert ran == ["_after_failed_commit"], "the create was not started on the loop"
     assert made.row.workspace_root == str(workspace) and made.row.tree_digest
     assert [c.path for c in engine.diff(made.row.checkpoint_id, "")] == []
     assert engine.count(plan_id) == 2
