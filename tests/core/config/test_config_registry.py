@@ -136,7 +136,7 @@ def test_ignore_patterns_have_a_bounded_count_and_length(store):
     refused(store, IGNORE_PATTERNS, "*.log")
 
 
-@pytest.mark.parametrize("pattern", ["!", "trailing\\", "[unclosed", "# a comment", ""])
+@pytest.mark.parametrize("pattern", ["!", "trailing\\", "[unclosed", "[[:nope:]]", "# a comment", "", "a\nb"])
 def test_ignore_patterns_that_can_never_match_are_refused_naming_the_pattern(store, pattern):
     detail = refused(store, IGNORE_PATTERNS, ["*.log", pattern]).metadata["detail"]
     assert detail.startswith(f"pattern {pattern!r} ")
@@ -288,6 +288,18 @@ def test_a_watcher_waits_for_the_next_change_and_is_woken_by_it(store):
     store.set(ON_UNAVAILABLE, "refuse")
     waiter.join(timeout=60)
     assert woke == [start + 1]
+
+
+def test_the_defaults_are_the_ones_the_readme_states(store):
+    """README's config tables: every trigger on, proceed, 5 s, no extra patterns, 64 MiB, and
+    retention keeping everything (a default that prunes would delete checkpoints nobody asked to)."""
+    resolved = store.resolve_many(sorted(REGISTRY), PLAN)
+    assert {name: e.value for name, e in resolved.items()} == {
+        AUTO_CREATE_ON: ALL_TRIGGERS, ON_UNAVAILABLE: "proceed", CLIENT_DEADLINE_MS: 5000, IGNORE_PATTERNS: [],
+        MAX_FILE_SIZE_BYTES: 67108864, RETENTION_MAX_CHECKPOINTS: 0, RETENTION_MAX_AGE_SECONDS: 0,
+        RETENTION_SAFETY_MAX_AGE_SECONDS: 0}
+    assert {e.source for e in resolved.values()} == {Source.DEFAULT}
+    assert {e.update_time for e in resolved.values()} == {None}
 
 
 def test_every_key_has_a_description_and_a_default_its_own_schema_accepts():
