@@ -238,3 +238,39 @@ def test_a_framework_uses_the_interceptors_without_the_reference_classes(
         "execute",
         "on_error",
     ]
+
+
+def _long_class_name(length: int) -> type[Exception]:
+    return type("E" * length, (RuntimeError,), {})
+
+
+def test_long_goals_and_errors_are_clipped_to_what_the_server_keeps_never_refused(
+    checkpointd: Checkpointd, workspace: Path, plan_id: str
+) -> None:
+    """A description holds at most 4096 characters and a label value 256 (checkpoint_service.proto):
+    an automatic checkpoint clips its own text to those limits rather than be refused for it."""
+    spawns = SubplanCheckpointInterceptor(checkpointd.checkpoints, checkpointd.policy())
+    errors = ExecutorCheckpointInterceptor(checkpointd.checkpoints, checkpointd.policy())
+    prefix = "spawning sub-plan child: "
+    fits = spawns.around(SubplanSpawn(plan_id, "child", workspace, goal="g" * (4096 - len(prefix))), lambda: "ran")
+    clipped = spawns.around(SubplanSpawn(plan_id, "child", workspace, goal="g" * 5000), lambda: "ran")
+    long_error = _long_class_name(300)("x" * 5000)
+    with pytest.raises(RuntimeError) as raised, errors.guard(ExecutePhase(plan_id, workspace)):
+        raise long_error
+
+    assert (fits, clipped, raised.value) == ("ran", "ran", long_error)
+    assert getattr(long_error, "__notes__", []) == [], "the on_error checkpoint was refused"
+    spawn_fits, spawn_clipped, on_error = reversed(checkpointd.checkpoints.list_checkpoints(plan_id))
+    assert spawn_fits.description == prefix + "g" * (4096 - len(prefix))
+    assert spawn_clipped.description == prefix + "g" * (4095 - len(prefix)) + "…"
+    error_type = f"{__name__}.{'E' * 300}"
+    assert on_error.labels["error_type"] == error_type[:255] + "…"
+    assert on_error.description == f"{error_type}: {'x' * 5000}"[:4095] + "…"
+
+
+@pytest.mark.parametrize("described", [
+    ToolCall("tool", "plan"), SubplanSpawn("parent", "child"), ExecutePhase("plan")])
+def test_a_call_handed_to_an_interceptor_cannot_change_between_its_checkpoints(described) -> None:
+    """What `begin` read (the plan, the workspace) is what `finish` checkpoints."""
+    with pytest.raises(AttributeError):
+        described.workspace_root = "/elsewhere"

@@ -16,12 +16,17 @@ import grpc
 import pytest
 
 from checkpointd_client import (
+    CheckpointClient,
     Checkpointd,
     CheckpointdRpcError,
+    CheckpointSettings,
     ConfigKey,
     ExecutePhase,
+    FixedSettings,
     SubplanSpawn,
     ToolCall,
+    ToolCheckpointInterceptor,
+    TriggerPolicy,
     phase_name,
 )
 
@@ -130,3 +135,30 @@ def test_an_on_error_checkpoint_that_fails_never_replaces_the_original_error(
 
     assert raised.value is failure
     assert any("on_error checkpoint could not be recorded" in note for note in failure.__notes__)
+
+
+def test_checkpointd_reads_the_settings_before_it_returns_unless_told_not_to_wait_or_not_to_read(
+    target: str, hung_server_target: str
+) -> None:
+    """`Checkpointd` (wiring.py): by default the server's settings are read before the constructor
+    returns; with `settings_in_background=True` constructing never waits on checkpointd (here, a
+    server that never answers); with `watch_config=False` they are never read."""
+    with Checkpointd(target) as waited:
+        assert waited.settings.fetched
+    with Checkpointd(hung_server_target, settings_in_background=True) as background:
+        assert not background.settings.fetched
+    with Checkpointd(target, watch_config=False) as unwatched:
+        assert not unwatched.settings.fetched
+        assert unwatched.policy().is_enabled("on_error")
+
+
+def test_a_deadline_spent_waiting_for_the_settings_is_reported_as_such_without_a_call(hung_server_target: str) -> None:
+    """One deadline covers the wait for the settings and the checkpoint (interceptors.py): when
+    nothing is left of it, no call is made and the warning says where the time went."""
+    spent = FixedSettings(CheckpointSettings(client_deadline_s=0.0))
+    with grpc.insecure_channel(hung_server_target) as channel:
+        interceptor = ToolCheckpointInterceptor(CheckpointClient(channel), TriggerPolicy(spent))
+        taken = interceptor.begin(ToolCall("framework/patch", "01M8X8FY7GXHDEE1ASHKVMYEVJ"))
+    assert taken.before is None
+    (warning,) = taken.warnings
+    assert "DEADLINE_EXCEEDED: checkpointd's settings could not be read within the 0 s deadline" in warning
