@@ -168,12 +168,20 @@ def test_a_stored_value_that_fails_its_schema_resolves_to_the_default(db, store)
     assert store.resolve(ON_UNAVAILABLE, PLAN).value == "refuse"
 
 
-@pytest.mark.xfail(strict=True, reason="a bug: the default that stands in for an invalid stored value keeps the "
-                   "stored row's update_time, which config_service.proto says is unset for a default")
 def test_a_default_standing_in_for_an_invalid_stored_value_has_no_update_time(db, store):
     store_raw(db, CLIENT_DEADLINE_MS, 0)
     effective = store.resolve(CLIENT_DEADLINE_MS)
     assert (effective.source, effective.update_time) == (Source.DEFAULT, None)
+
+
+def test_an_invalid_plan_value_falls_back_to_the_global_one(db, store):
+    """A plan's stored value that no longer passes its schema is passed over as if it were not
+    there: the global value applies (with its own update_time), not the default."""
+    store.set(CLIENT_DEADLINE_MS, 7000)
+    store_raw(db, CLIENT_DEADLINE_MS, 0, PLAN)
+    effective = store.resolve(CLIENT_DEADLINE_MS, PLAN)
+    assert (effective.value, effective.source) == (7000, Source.GLOBAL)
+    assert effective.update_time == store.resolve(CLIENT_DEADLINE_MS).update_time is not None
 
 
 def test_unknown_keys_are_refused_by_every_call(store):
