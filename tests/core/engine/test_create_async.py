@@ -7,37 +7,16 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from ulid import ULID
 
-from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine import create as create_module
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.create import LOOP_STATE_LIMIT
-from checkpointd.core.engine.requests import CreateRequest, EngineSettings
+from checkpointd.core.engine.requests import CreateRequest
 from checkpointd.core.kernel.errors import InvalidArgument, Reason
-from checkpointd.core.metadata.db import Database
-from checkpointd.core.store.content_store import ContentStore
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Checkpoints]:
-    (tmp_path / "workspaces").mkdir()
-    db = Database(f"sqlite:///{tmp_path / 'meta.db'}")
-    db.migrate()
-    store = ContentStore(tmp_path / "store")
-    engine = Checkpoints(db, store, ConfigStore(db), EngineSettings(tmp_path / "data", (str(tmp_path / "workspaces"),),
-                                                                    watcher=False))
-    try:
-        yield engine
-    finally:
-        engine.close()
-        store.close()
-        db.dispose()
 
 
 class Threads:

@@ -13,41 +13,21 @@ other replica's commit sees); everything after it runs on the real database.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import update
 from ulid import ULID
 
-from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine import create as create_module
 from checkpointd.core.engine import records as records_module
 from checkpointd.core.engine import rollback as rollback_module
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.records import PLANS
-from checkpointd.core.engine.requests import CreateRequest, EngineSettings, RollbackRequest
+from checkpointd.core.engine.requests import CreateRequest, RollbackRequest
 from checkpointd.core.kernel.errors import InvalidArgument, Reason
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
-from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import OperationRow, utcnow
-from checkpointd.core.store.content_store import ContentStore
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Checkpoints]:
-    (tmp_path / "workspaces").mkdir()
-    db = Database(f"sqlite:///{tmp_path / 'meta.db'}")
-    db.migrate()
-    store = ContentStore(tmp_path / "store")
-    engine = Checkpoints(db, store, ConfigStore(db), EngineSettings(tmp_path / "data", (str(tmp_path / "workspaces"),),
-                                                                    watcher=False))
-    try:
-        yield engine
-    finally:
-        engine.close()
-        store.close()
-        db.dispose()
 
 
 @pytest.fixture

@@ -323,19 +323,26 @@ def test_a_version_is_stored_as_a_delta_only_when_that_pays(tmp_path):
     assert any(outcomes) and not all(outcomes), outcomes
 
 
-def test_a_delta_fallen_back_on_at_open_may_itself_be_a_delta(tmp_path):
-    """An object written as a delta, then again (by a batch cut short by a crash) as a delta that
-    does not reproduce it: on open the bad record is dropped and the earlier delta, whose base is
-    stored, is what reads back."""
-    store = ContentStore(tmp_path)
+def _a_base_and_its_delta(store: ContentStore) -> tuple[bytes, str, bytes, str]:
+    """A text stored whole and a version of it stored as a delta of it, the store then closed:
+    (base, its digest, version, its digest)."""
     base = b"".join(b"line %d of a file an agent keeps editing\n" % i for i in range(300))
     version = base + b"one more line\n"
     with store.batch() as batch:
         base_digest = batch.put_bytes(base)
     with store.batch() as batch:
-        digest = batch.put_bytes(version, base_digest)
-    assert store._committed[digest].kind == b"Y"
+        version_digest = batch.put_bytes(version, base_digest)
+    assert store._committed[version_digest].kind == b"Y"
     store.close()
+    return base, base_digest, version, version_digest
+
+
+def test_a_delta_fallen_back_on_at_open_may_itself_be_a_delta(tmp_path):
+    """An object written as a delta, then again (by a batch cut short by a crash) as a delta that
+    does not reproduce it: on open the bad record is dropped and the earlier delta, whose base is
+    stored, is what reads back."""
+    store = ContentStore(tmp_path)
+    base, base_digest, version, digest = _a_base_and_its_delta(store)
     [pack] = _packs(store)
     garbage = zstandard.ZstdCompressor().compress(b"not the delta of anything " * 20)
     body = bytes.fromhex(base_digest) + bytes([1]) + garbage
@@ -550,14 +557,7 @@ def test_an_object_fallen_back_on_at_open_stays_the_base_of_its_deltas(tmp_path)
     """An object whose latest record is a delta of a base that is not stored falls back on its
     earlier, whole record; a version stored as a delta of that object still resolves through it."""
     store = ContentStore(tmp_path)
-    base = b"".join(b"line %d of a file an agent keeps editing\n" % i for i in range(300))
-    version = base + b"one more line\n"
-    with store.batch() as batch:
-        base_digest = batch.put_bytes(base)
-    with store.batch() as batch:
-        version_digest = batch.put_bytes(version, base_digest)
-    assert store._committed[version_digest].kind == b"Y"
-    store.close()
+    base, base_digest, version, version_digest = _a_base_and_its_delta(store)
     [pack] = _packs(store)
     # a later record of the base, a delta of something never stored, within the pack's durable
     # part (so indexed by its header alone)
