@@ -63,6 +63,12 @@ def test_serve_help_shows_each_default_once_and_never_none():
         assert text.count("Default:") == 1, text
 
 
+def _interruptible() -> None:
+    """Ctrl-C as a terminal delivers it: a test run started in the background of a shell without
+    job control (a CI script, nohup) ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stderr_until(process: subprocess.Popen, marker: bytes, timeout: float = 60) -> bytes:
     """Reads the process's stderr until ``marker`` shows (a prompt waits without a newline)."""
     seen = b""
@@ -84,7 +90,7 @@ def test_ctrl_c_at_the_rollback_prompt_aborts_and_changes_nothing(checkpointd_se
     edited = tree_state(workspace)
 
     asking = subprocess.Popen([CHECKPOINTD, "rollback", plan_id, checkpoint, *target], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_interruptible)
     try:
         shown = _stderr_until(asking, b"[y/N] ")
         asking.send_signal(signal.SIGINT)
@@ -114,7 +120,8 @@ def test_ctrl_c_after_the_rollback_was_sent_says_it_may_have_happened(ops_server
     (workspace / "a.txt").write_text("edited")
 
     rolling = subprocess.Popen([CHECKPOINTD, "rollback", plan_id, checkpoint, "--yes", *target],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=_interruptible)
     try:
         wait_until(lambda: (fault_dir / "paused.rollback.planned").exists(), "the rollback to reach the server")
         rolling.send_signal(signal.SIGINT)
