@@ -315,7 +315,7 @@ def test_a_version_is_stored_as_a_delta_only_when_that_pays(tmp_path):
     for digest, data in zip(digests, versions, strict=True):
         delta = len(zstandard.ZstdCompressor(level=store_module._ZSTD_DELTA_LEVEL, dict_data=dictionary,
                                              write_content_size=True).compress(data))
-        whole = len(store_module._pack_whole(data)[1])
+        whole = len(pack_body(data, store_module._ZSTD_WHOLE_LEVEL)[1])
         pays = delta * 4 <= len(data) or delta < whole * 0.9
         outcomes.append(pays)
         assert (store._committed[digest].kind == b"Y") == pays, (len(data), delta, whole)
@@ -454,6 +454,17 @@ def test_appends_the_kernel_takes_a_few_bytes_at_a_time_are_completed(tmp_path, 
     assert [ContentStore(tmp_path).read_bytes(d) for d in digests] == contents
 
 
+def _append_durable(store: ContentStore, records: bytes) -> None:
+    """Appends ``records`` to the closed ``store``'s one pack, within its durable part (the header's
+    hint moved to the new end), so that opening indexes them by their headers alone."""
+    [pack] = _packs(store)
+    with open(pack, "ab") as f:
+        f.write(records)
+    with open(pack, "r+b") as f:
+        f.seek(8)
+        f.write(pack.stat().st_size.to_bytes(8, "big"))
+
+
 def _delta_record(digest: str, base: str) -> bytes:
     """A delta record as the pack holds it; its stream is never decoded (records within the
     durable part are indexed by their header)."""
@@ -558,17 +569,24 @@ def test_an_object_fallen_back_on_at_open_stays_the_base_of_its_deltas(tmp_path)
     earlier, whole record; a version stored as a delta of that object still resolves through it."""
     store = ContentStore(tmp_path)
     base, base_digest, version, version_digest = _a_base_and_its_delta(store)
-    [pack] = _packs(store)
-    # a later record of the base, a delta of something never stored, within the pack's durable
-    # part (so indexed by its header alone)
-    with open(pack, "ab") as f:
-        f.write(_delta_record(base_digest, "ab" * 32))
-    with open(pack, "r+b") as f:
-        f.seek(8)
-        f.write(pack.stat().st_size.to_bytes(8, "big"))
+    # a later record of the base, a delta of something never stored
+    _append_durable(store, _delta_record(base_digest, "ab" * 32))
     reopened = ContentStore(tmp_path)
     assert reopened.read_bytes(base_digest) == base and reopened.read_bytes(version_digest) == version
     check_store(reopened, Model(committed={base_digest: base, version_digest: version}))
+
+
+def test_an_object_falls_back_past_a_record_whose_chain_leads_back_to_it(tmp_path):
+    """Two later records of the base: a delta of its own version (a chain back to the base), then a
+    delta of something never stored. The base falls back past both to its whole record, and the
+    version reads through it: nothing some record makes readable is dropped."""
+    store = ContentStore(tmp_path)
+    base, base_digest, version, version_digest = _a_base_and_its_delta(store)
+    _append_durable(store, _delta_record(base_digest, version_digest) + _delta_record(base_digest, "ab" * 32))
+    reopened = ContentStore(tmp_path)
+    assert reopened.read_bytes(base_digest) == base and reopened.read_bytes(version_digest) == version
+    check_store(reopened, Model(committed={base_digest: base, version_digest: version}))
+    assert reopened.damage() == []
 
 
 def test_a_large_object_stays_readable_while_its_commit_renames_it_into_place(tmp_path, monkeypatch):

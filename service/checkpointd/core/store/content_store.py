@@ -70,14 +70,7 @@ from checkpointd.core.store.packs import (
     zstd_decompress,
 )
 from checkpointd.core.store.similar import SimilarIndex, anchors
-from checkpointd.core.workspace.readworker import (
-    COMPRESS_LIMIT,
-    RAW,
-    RECORD,
-    ZLIB,
-    ZSTD,
-    looks_incompressible,
-)
+from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
 
 log = logging.getLogger("checkpointd.store")
 
@@ -553,7 +546,7 @@ class Batch:
         # Under a quarter of the content: kept without looking further (most edits of a file).
         if previous is not None and len(previous[2]) * 4 <= len(data):
             return self._append_delta(digest, *previous)
-        kind, body = _pack_whole(data)
+        kind, body = pack_body(data, _ZSTD_WHOLE_LEVEL)
         best = previous
         # The search reads its candidates: an object whose previous version gives a delta under
         # half its compressed size (as a small directory node changed by one child does, seldom
@@ -746,20 +739,6 @@ def run_finish_callbacks(callbacks: list[Callable[[bool], None]], committed: boo
                 error = exc
     if error is not None:
         raise error
-
-
-_whole_codecs = threading.local()
-
-
-def _pack_whole(data: bytes) -> tuple[bytes, bytes]:
-    """``pack_body`` at ``_ZSTD_WHOLE_LEVEL``: (kind, body), zstd when that is smaller."""
-    if len(data) < 64 or looks_incompressible(data):
-        return RAW, data
-    compressor = getattr(_whole_codecs, "compressor", None)
-    if compressor is None:
-        compressor = _whole_codecs.compressor = zstandard.ZstdCompressor(level=_ZSTD_WHOLE_LEVEL)
-    packed = compressor.compress(data)
-    return (ZSTD, packed) if len(packed) < len(data) else (RAW, data)
 
 
 def _read_all(fd: int, expected_size: int = _CHUNK) -> bytes:

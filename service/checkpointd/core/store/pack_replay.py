@@ -109,6 +109,10 @@ class PackReplay:
         chain: dict[str, None] = {}
         current = digest
         while True:
+            if current in recovery.falling_back:
+                # An earlier record of it is being tried and this chain leads back to it: whether
+                # the chain resolves is for that fall-back to find out, so nothing on it is settled.
+                return False
             if current in resolved:
                 ok = resolved[current]
                 break
@@ -121,15 +125,7 @@ class PackReplay:
                 break
             chain[current] = None
             current = location.base
-        undecided = False
         for delta in reversed(chain):
-            if delta in recovery.falling_back:
-                # An earlier record of it is being tried, and this chain leads back to it: whether
-                # it (and what depends on it here) resolves is for that fall-back to find out.
-                undecided, ok = True, False
-                continue
-            if undecided:
-                continue
             if delta in resolved:  # settled meanwhile, on the chain of a record fallen back on
                 ok = resolved[delta]
                 continue

@@ -120,8 +120,8 @@ class Recovery:
     #: Earlier records of an object whose latest record is a delta, oldest first (rare: two
     #: batches wrote it at once), to fall back on when that delta does not resolve.
     superseded: dict[str, list[Location]] = field(default_factory=dict)
-    #: Objects whose earlier records a ``_fall_back`` is trying: a chain that leads back to one
-    #: is left for that fall-back to decide, not settled (nor fallen back on again) from inside it.
+    #: Objects whose earlier records a ``_fall_back`` is trying: a chain that reaches one is left
+    #: for that fall-back to decide, not settled (nor fallen back on again) from inside it.
     falling_back: set[str] = field(default_factory=set)
 
     def record(self, digest: str, location: Location, previous: Location | None) -> None:

@@ -63,22 +63,25 @@ def looks_incompressible(data: bytes) -> bool:
 _codecs = threading.local()
 
 
-def zstd_compressor():
-    """This thread's zstd compressor (one is not to be shared between threads)."""
-    compressor = getattr(_codecs, "compressor", None)
+def zstd_compressor(level: int = ZSTD_LEVEL):
+    """This thread's zstd compressor at ``level`` (one is not to be shared between threads)."""
+    compressors = getattr(_codecs, "compressors", None)
+    if compressors is None:
+        compressors = _codecs.compressors = {}
+    compressor = compressors.get(level)
     if compressor is None:
         import zstandard
 
-        compressor = _codecs.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        compressor = compressors[level] = zstandard.ZstdCompressor(level=level)
     return compressor
 
 
-def pack_body(data: bytes) -> tuple[bytes, bytes]:
-    """(kind, body): zstd, kept when it makes the data smaller; content that looks random is
-    not even tried."""
+def pack_body(data: bytes, level: int = ZSTD_LEVEL) -> tuple[bytes, bytes]:
+    """(kind, body): zstd at ``level``, kept when it makes the data smaller; content that looks
+    random is not even tried."""
     if len(data) < 64 or looks_incompressible(data):
         return RAW, data
-    packed = zstd_compressor().compress(data)
+    packed = zstd_compressor(level).compress(data)
     return (ZSTD, packed) if len(packed) < len(data) else (RAW, data)
 
 
