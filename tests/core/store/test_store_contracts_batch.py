@@ -313,7 +313,7 @@ def test_a_version_is_stored_as_a_delta_only_when_that_pays(tmp_path):
     dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
     outcomes = []
     for digest, data in zip(digests, versions, strict=True):
-        delta = len(zstandard.ZstdCompressor(level=store_module._ZSTD_DELTA_LEVEL, dict_data=dictionary,
+        delta = len(zstandard.ZstdCompressor(level=store_module.delta_level(len(data), len(base)), dict_data=dictionary,
                                              write_content_size=True).compress(data))
         whole = len(pack_body(data, store_module._ZSTD_WHOLE_LEVEL)[1])
         pays = delta * 4 <= len(data) or delta < whole * 0.9

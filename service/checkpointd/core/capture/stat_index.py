@@ -135,6 +135,11 @@ class StatIndex:
                 # Small pages, as the metadata database's: an index created now (an existing one
                 # keeps its page size) spends less on half-empty pages in a small workspace.
                 db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+                # And pages freed as files come and go given back to the file system at each write
+                # (on the writer thread, so no capture waits for it): after 200 commits of a real
+                # history, 21 of an index's 51 pages were free. Like the page size, only for an
+                # index created now.
+                db.execute("PRAGMA auto_vacuum=FULL")
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 # Keep the write-ahead log small: it counts against the data dir's size.

@@ -36,11 +36,7 @@ def anchors(data: bytes) -> list[int]:
     pieces = data.split(b"\n", _MAX_PIECES)
     if len(pieces) == 1:
         pieces = data.split(b"],[", _MAX_PIECES)
-    return list(dict.fromkeys(map(hash, filter(_long_enough, pieces[:_MAX_PIECES]))))[:MAX_ANCHORS]
-
-
-def _long_enough(piece: bytes) -> bool:
-    return len(piece) >= MIN_PIECE
+    return list(dict.fromkeys([hash(piece) for piece in pieces[:_MAX_PIECES] if len(piece) >= MIN_PIECE]))[:MAX_ANCHORS]
 
 
 class SimilarIndex:
