@@ -567,3 +567,51 @@ def test_a_large_object_whose_source_cannot_be_read_leaves_nothing_staged(tmp_pa
     finally:
         os.close(directory)
     assert list(store.staging.iterdir()) == []
+
+
+def _chain(store: ContentStore, length: int) -> tuple[list[bytes], list[str]]:
+    """``length`` versions of a text, each stored as a delta of the one before."""
+    text = b"".join(b"line %d of a file that an agent keeps editing\n" % i for i in range(300))
+    versions = [text.replace(b"line %d " % i, b"edit %d " % i) for i in range(length)]
+    digests: list[str] = []
+    for data in versions:
+        with store.batch() as batch:
+            digests.append(batch.put_bytes(data, digests[-1] if digests else ""))
+    assert [store._committed[d].depth for d in digests] == list(range(length))
+    return versions, digests
+
+
+def test_a_version_deep_in_a_chain_is_hashed_once_when_read(tmp_path, monkeypatch):
+    """Reading a delta decodes its chain of bases without hashing each link: the object's own
+    digest covers them (a damaged link changes what the chain decodes to)."""
+    store = ContentStore(tmp_path)
+    versions, digests = _chain(store, 8)
+    hashed: list[int] = []
+    real = hashlib.sha256
+
+    def counting(data=b""):
+        hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(store_module.hashlib, "sha256", counting)
+    assert store.read_bytes(digests[-1]) == versions[-1]
+    assert len(hashed) == 1
+
+
+@pytest.mark.parametrize("damaged", [0, 3, 6])
+def test_a_damaged_link_of_a_chain_is_the_object_named(tmp_path, damaged):
+    """A record damaged in a chain: reading it or any version above it fails naming that record's
+    object (as when each link was hashed), the versions below it still read."""
+    store = ContentStore(tmp_path)
+    versions, digests = _chain(store, 8)
+    location = store._committed[digests[damaged]]
+    with open(_packs(store)[0], "r+b") as f:
+        f.seek(location.offset + location.length - 3)
+        f.write(b"\xff\x00\xff")
+    for index, digest in enumerate(digests):
+        if index < damaged:
+            assert store.read_bytes(digest) == versions[index]
+        else:
+            with pytest.raises(DataLoss) as raised:
+                store.read_bytes(digest)
+            assert raised.value.metadata["digest"] == digests[damaged]
