@@ -5,6 +5,7 @@ watched capture with a full scan of the same workspace (see conftest.Engines.che
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from checkpointd.core.capture import capturer as capturer_module
 from checkpointd.core.capture import snapshot as snapshot_module
+from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE, SKIP_UNREADABLE
 from checkpointd.core.kernel.telemetry import CaptureMode
 from tests.engine.conftest import write
@@ -610,3 +612,53 @@ def test_a_file_with_several_names_that_is_too_large_stays_skipped(engines, tmp_
     _overwrite(outside / "alias", "small now, through its other name\n")
     result = engines.check()
     assert result.skipped == []
+
+
+def _wait_until(condition, what: str, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_quieted_reader_lets_events_gather_and_captures_still_see_them(engines, monkeypatch):
+    """While a rollback writes (``Watcher.quieted``), the reader thread leaves the events queued;
+    a capture syncs them itself and misses nothing, and the reader reads again once it ends."""
+    monkeypatch.setattr(watcher_module, "QUIET_SECONDS", 3600.0)
+    _populate(engines.root, dirs=2, files=2)
+    engines.check(expect="full")
+    engines.check()
+    handled_by: list[str] = []
+    read_queue = engines.watcher._read_queue
+
+    def recording() -> None:
+        handled_by.append(threading.current_thread().name)
+        read_queue()
+
+    monkeypatch.setattr(engines.watcher, "_read_queue", recording)
+    with engines.watcher.quieted():
+        write(engines.root / "pkg0/quiet.txt", "written while a rollback writes\n")
+        # Unquieted, the reader reads this event within milliseconds.
+        with contextlib.suppress(AssertionError):
+            _wait_until(lambda: "watcher" in handled_by, "the reader", limit=0.5)
+        assert "watcher" not in handled_by
+        engines.check()
+    write(engines.root / "pkg1/after.txt", "written after the rollback\n")
+    _wait_until(lambda: "watcher" in handled_by, "the reader to read again")
+    engines.check()
+
+
+def test_closing_a_watcher_whose_reader_waits_quieted_stops_the_reader(tmp_path, monkeypatch):
+    monkeypatch.setattr(watcher_module, "QUIET_SECONDS", 3600.0)
+    watcher = watcher_module.Watcher()
+    root_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        journal = watcher.journal(str(tmp_path), root_fd)
+        assert watcher.watch(journal, "", root_fd)
+        with watcher.quieted():
+            write(tmp_path / "file.txt", "an event for the reader\n")
+            _wait_until(lambda: watcher._quiet_changed._waiters, "the reader to wait")
+            watcher.close()
+            assert not watcher._thread.is_alive()
+    finally:
+        os.close(root_fd)

@@ -52,6 +52,8 @@ SYNC_TIMEOUT_SECONDS = 5.0
 MAX_WATCHED_ROOTS = 64
 #: A workspace whose watch could not be added is scanned fully for this long before retrying.
 RETRY_WATCH_AFTER_SECONDS = 60.0
+#: While ``quieted``, how long the reader lets events gather before it reads them.
+QUIET_SECONDS = 0.05
 
 if INotify is not None:
     _DIR_MASK = (in_flags.CREATE | in_flags.DELETE | in_flags.MODIFY | in_flags.ATTRIB | in_flags.CLOSE_WRITE
@@ -111,6 +113,10 @@ class Watcher:
         self._by_wd: dict[int, dict[Journal, str]] = {}
         self._disabled_until: dict[str, float] = {}
         self.overflows = 0
+        #: How many ``quieted`` blocks are open; the reader waits on ``_quiet_changed`` meanwhile.
+        self._quiet = 0
+        self._stopping = False
+        self._quiet_changed = threading.Condition()
         self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
         self._thread.start()
@@ -123,10 +129,40 @@ class Watcher:
         poller.register(self._stop_read, select.POLLIN)
         while True:
             ready = {fd for fd, _ in poller.poll()}
-            if self._stop_read in ready:
+            if self._stop_read in ready or not self._quiet_wait():
                 return
             with self._reading:
                 self._read_queue()
+
+    def _quiet_wait(self) -> bool:
+        """While quieted, lets events gather for up to ``QUIET_SECONDS`` (less if the last quiet
+        block ends); False if the watcher is stopping."""
+        with self._quiet_changed:
+            if self._quiet:
+                self._quiet_changed.wait_for(lambda: not self._quiet or self._stopping, timeout=QUIET_SECONDS)
+            return not self._stopping
+
+    @contextlib.contextmanager
+    def quieted(self) -> Iterator[None]:
+        """Held while the server writes many files into a workspace itself (a rollback): each write
+        queues several events, and a reader woken for each would take the interpreter from the
+        writes, file after file (a rollback of ~100 files took a fifth longer). Instead the reader
+        reads them in batches, every ``QUIET_SECONDS``. Nothing waits on it: a capture (of any
+        workspace) still reads the queue itself when it syncs."""
+        with self._quiet_changed:
+            self._quiet += 1
+        try:
+            yield
+        finally:
+            with self._quiet_changed:
+                self._quiet -= 1
+                self._quiet_changed.notify_all()
+
+    def _signal_stop(self) -> None:
+        with self._quiet_changed:
+            self._stopping = True
+            self._quiet_changed.notify_all()
+        os.write(self._stop_write, b"x")
 
     def _read_queue(self) -> None:
         """Reads and handles every event queued so far (the caller holds ``_reading``)."""
@@ -332,7 +368,7 @@ class Watcher:
 
     def stop_reader(self) -> None:
         """Fault injection for tests: the reader thread ends; captures still see every event."""
-        os.write(self._stop_write, b"x")
+        self._signal_stop()
         self._thread.join(timeout=5)
 
     @contextlib.contextmanager
@@ -343,7 +379,7 @@ class Watcher:
             yield
 
     def close(self) -> None:
-        os.write(self._stop_write, b"x")
+        self._signal_stop()
         self._thread.join(timeout=5)
         with self._lock:
             for journal in list(self._journals.values()):

@@ -3,6 +3,7 @@ as it is in a safety checkpoint; a rollback that fails part-way takes back what 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from dataclasses import replace
@@ -142,8 +143,10 @@ class Rollbacks:
 
     def _apply_journaled(self, entry: JournalEntry, changes: list[Change], seen: dict[str, Indexed]) -> None:
         """Applies ``changes`` (their journal entry is committed); on failure undoes them and raises."""
+        watcher = self.parts.watcher
         try:
-            self.parts.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes, seen)
+            with watcher.quieted() if watcher is not None else contextlib.nullcontext():
+                self.parts.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes, seen)
         except ApplyInterrupted as interrupted:
             raise self._undo_interrupted(entry, interrupted) from interrupted
         crash_point(Point.ROLLBACK_APPLIED)
