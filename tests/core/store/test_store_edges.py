@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import random
 import threading
 import time
 import types
@@ -615,3 +616,30 @@ def test_a_damaged_link_of_a_chain_is_the_object_named(tmp_path, damaged):
             with pytest.raises(DataLoss) as raised:
                 store.read_bytes(digest)
             assert raised.value.metadata["digest"] == digests[damaged]
+
+
+def test_versions_over_a_base_damaged_without_a_decoding_error_are_never_returned(tmp_path):
+    """A byte flipped in a base stored raw (incompressible) decodes without any error, to other
+    bytes: every version stored as a delta over it is refused, naming the base, never returned."""
+    store = ContentStore(tmp_path)
+    rng = random.Random(7)
+    base = rng.randbytes(4000)
+    with store.batch() as batch:
+        digests = [batch.put_bytes(base)]
+    assert store._committed[digests[0]].kind == b"R"
+    versions = [base]
+    for i in range(4):
+        version = bytearray(versions[-1])
+        version[1000 + i * 500:1010 + i * 500] = rng.randbytes(10)
+        versions.append(bytes(version))
+        with store.batch() as batch:
+            digests.append(batch.put_bytes(versions[-1], digests[-1]))
+    assert [store._committed[d].depth for d in digests] == [0, 1, 2, 3, 4]
+    location = store._committed[digests[0]]
+    with open(_packs(store)[0], "r+b") as f:
+        f.seek(location.offset + 1200)
+        f.write(bytes([base[1200] ^ 0xFF]))
+    for digest in digests:
+        with pytest.raises(DataLoss) as raised:
+            store.read_bytes(digest)
+        assert raised.value.metadata["digest"] == digests[0]
