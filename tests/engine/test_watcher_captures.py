@@ -5,7 +5,6 @@ watched capture with a full scan of the same workspace (see conftest.Engines.che
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import random
@@ -21,6 +20,7 @@ from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture.snapshot import SKIP_TOO_LARGE, SKIP_UNREADABLE
 from checkpointd.core.kernel.telemetry import CaptureMode
 from tests.engine.conftest import write
+from tests.ops.conftest import wait_until
 
 
 def _populate(root: Path, dirs: int = 6, files: int = 8) -> None:
@@ -614,13 +614,6 @@ def test_a_file_with_several_names_that_is_too_large_stays_skipped(engines, tmp_
     assert result.skipped == []
 
 
-def _wait_until(condition, what: str, limit: float = 10.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_a_quieted_reader_lets_events_gather_and_captures_still_see_them(engines, monkeypatch):
     """While a rollback writes (``Watcher.quieted``), the reader thread leaves the events queued;
     a capture syncs them itself and misses nothing, and the reader reads again once it ends."""
@@ -638,13 +631,14 @@ def test_a_quieted_reader_lets_events_gather_and_captures_still_see_them(engines
     monkeypatch.setattr(engines.watcher, "_read_queue", recording)
     with engines.watcher.quieted():
         write(engines.root / "pkg0/quiet.txt", "written while a rollback writes\n")
-        # Unquieted, the reader reads this event within milliseconds.
-        with contextlib.suppress(AssertionError):
-            _wait_until(lambda: "watcher" in handled_by, "the reader", limit=0.5)
+        # Unquieted, the reader reads this event within milliseconds; quieted, it leaves it queued.
+        deadline = time.monotonic() + 0.5
+        while "watcher" not in handled_by and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert "watcher" not in handled_by
         engines.check()
     write(engines.root / "pkg1/after.txt", "written after the rollback\n")
-    _wait_until(lambda: "watcher" in handled_by, "the reader to read again")
+    wait_until(lambda: "watcher" in handled_by, "the reader to read again")
     engines.check()
 
 
@@ -657,7 +651,7 @@ def test_closing_a_watcher_whose_reader_waits_quieted_stops_the_reader(tmp_path,
         assert watcher.watch(journal, "", root_fd)
         with watcher.quieted():
             write(tmp_path / "file.txt", "an event for the reader\n")
-            _wait_until(lambda: watcher._quiet_changed._waiters, "the reader to wait")
+            wait_until(lambda: watcher._quiet_changed._waiters, "the reader to wait")
             watcher.close()
             assert not watcher._thread.is_alive()
     finally:

@@ -572,7 +572,7 @@ def test_a_large_object_whose_source_cannot_be_read_leaves_nothing_staged(tmp_pa
 
 def _chain(store: ContentStore, length: int) -> tuple[list[bytes], list[str]]:
     """``length`` versions of a text, each stored as a delta of the one before."""
-    text = b"".join(b"line %d of a file that an agent keeps editing\n" % i for i in range(300))
+    text = _versions()[0]
     versions = [text.replace(b"line %d " % i, b"edit %d " % i) for i in range(length)]
     digests: list[str] = []
     for data in versions:
