@@ -361,6 +361,8 @@ def test_a_zstd_record_claiming_more_than_a_packed_object_holds_is_corrupt_not_a
     frame = zstandard.ZstdCompressor().compress(too_big)
     with pytest.raises(zstandard.ZstdError, match="claims"):
         packs_module.zstd_decompress(frame)
+    with pytest.raises(zstandard.ZstdError, match="claims"):
+        packs_module.zstd_decompress_chain([zstandard.ZstdCompressor().compress(b"base" * 100), frame])
     store = ContentStore(tmp_path)
     with store.batch() as batch:
         kept = batch.put_bytes(b"kept object " * 100)

@@ -60,7 +60,7 @@ CONTENT = st.one_of(
 )
 #: How it is written: put_bytes, put_bytes naming the previous version, put_fd (sized right, or
 #: sized short as for a file that grew), or put_records (a reader process's whole record).
-HOW = st.sampled_from(["bytes", "similar", "similar-with-data", "fd", "fd-grown", "records"])
+HOW = st.sampled_from(["bytes", "similar", "fd", "fd-grown", "records"])
 WRITES = st.lists(st.tuples(CONTENT, HOW), min_size=1, max_size=4)
 STEP = st.one_of(
     st.tuples(st.just("commit"), WRITES),
@@ -99,9 +99,8 @@ def _write(batch, content, how: str, scratch: Path) -> tuple[str, bytes]:
     digest = _digest(data)
     if how == "bytes":
         assert batch.put_bytes(data) == digest
-    elif how.startswith("similar"):
-        previous_data = _text(content[1], content[2] - 1) if previous and how == "similar-with-data" else None
-        assert batch.put_bytes(data, previous, previous_data) == digest
+    elif how == "similar":
+        assert batch.put_bytes(data, previous) == digest
     elif how.startswith("fd"):
         path = scratch / "source"
         path.write_bytes(data)

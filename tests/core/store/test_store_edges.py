@@ -599,6 +599,48 @@ def test_a_version_deep_in_a_chain_is_hashed_once_when_read(tmp_path, monkeypatc
     assert len(hashed) == 1
 
 
+def test_a_chain_of_zstd_deltas_is_decoded_in_one_pass(tmp_path, monkeypatch):
+    """Zstd deltas down to a zstd base are decoded together with one decompression context
+    (making one per link cost ~13 µs a link, ten times the decoding)."""
+    store = ContentStore(tmp_path)
+    versions, digests = _chain(store, 8)
+    assert store._committed[digests[0]].kind == store_module.ZSTD
+    per_link: list[int] = []
+    real = store_module.zstd_decompress
+    monkeypatch.setattr(store_module, "zstd_decompress", lambda body, base=None: per_link.append(1)
+                        or real(body, base))
+    assert [store.read_bytes(d) for d in digests] == versions
+    assert per_link == [1], "only the base, read whole, is decoded on its own"
+
+
+def test_a_chain_over_a_base_that_looks_like_a_zstd_dictionary_reads_back(tmp_path):
+    """A base is a dictionary of raw content whatever its first bytes: one that starts with the
+    magic number of a trained zstd dictionary (a file that is one) is not taken for one."""
+    store = ContentStore(tmp_path)
+    text = _versions()[0]
+    versions = [b"\x37\xa4\x30\xec" + text]
+    versions += [versions[0].replace(b"line %d " % i, b"edit %d " % i) for i in range(3)]
+    digests: list[str] = []
+    for data in versions:
+        with store.batch() as batch:
+            digests.append(batch.put_bytes(data, digests[-1] if digests else ""))
+    assert [store._committed[d].depth for d in digests] == [0, 1, 2, 3]
+    assert [ContentStore(tmp_path).read_bytes(d) for d in digests] == versions
+
+
+def test_a_chain_over_a_raw_base_is_decoded_link_by_link(tmp_path):
+    store = ContentStore(tmp_path)
+    rng = random.Random(3)
+    versions = [rng.randbytes(3000)]
+    versions += [versions[0][:100 * i] + b"edit" + versions[0][100 * i + 4:] for i in range(1, 4)]
+    digests: list[str] = []
+    for data in versions:
+        with store.batch() as batch:
+            digests.append(batch.put_bytes(data, digests[-1] if digests else ""))
+    assert store._committed[digests[0]].kind == b"R" and store._committed[digests[-1]].depth == 3
+    assert [ContentStore(tmp_path).read_bytes(d) for d in digests] == versions
+
+
 @pytest.mark.parametrize("damaged", [0, 3, 6])
 def test_a_damaged_link_of_a_chain_is_the_object_named(tmp_path, damaged):
     """A record damaged in a chain: reading it or any version above it fails naming that record's

@@ -122,6 +122,6 @@ def test_an_object_committed_by_another_batch_meanwhile_is_not_stored_as_a_delta
     with store.batch() as late:
         with store.batch() as first:
             digest = first.put_bytes(data)
-        location = late._append_packed(digest, data, "", None, anchors(data))
+        location = late._append_packed(digest, data, "", anchors(data))
         assert location.kind == store_module.ZSTD and location.base == ""
 

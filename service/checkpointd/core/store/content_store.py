@@ -68,6 +68,7 @@ from checkpointd.core.store.packs import (
     fsync_dir,
     storage_error,
     zstd_decompress,
+    zstd_decompress_chain,
 )
 from checkpointd.core.store.similar import SimilarIndex, anchors
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
@@ -407,10 +408,29 @@ class ContentStore(PackReplay, Compaction):
         """A delta's content, its chain decoded unverified and the result verified; None if that
         fails in any way (the caller reads the chain again verifying each link)."""
         try:
-            data = self._unpack(location, location.pack.read(location), verify_bases=False)
+            frames = self._zstd_chain(location)
+            data = (zstd_decompress_chain(frames) if frames is not None
+                    else self._unpack(location, location.pack.read(location), verify_bases=False))
         except (OSError, *BODY_ERRORS, DataLoss):
             return None
         return data if hashlib.sha256(data).hexdigest() == digest else None
+
+    def _zstd_chain(self, location: Location) -> list[bytes] | None:
+        """The zstd frames of a chain that is zstd deltas down to a zstd whole object, base first
+        (decoded in one go by ``zstd_decompress_chain``); None for any other chain (a raw or
+        loose base, an old zlib delta), which is decoded link by link."""
+        frames = []
+        link: Location | None = location
+        while link is not None and link.pack is not None and len(frames) <= MAX_DELTA_DEPTH:
+            if link.kind == ZSTD:
+                frames.append(link.pack.read(link))
+                frames.reverse()
+                return frames
+            if link.kind != ZSTD_DELTA:
+                return None
+            frames.append(link.pack.read(link)[DELTA_HEADER.size:])
+            link = self._locate(link.base)
+        return None
 
     def _iter_loose(self, digest: str) -> Iterator[bytes]:
         f = self._open_loose(digest)
@@ -549,10 +569,11 @@ class Batch:
                 self.store._staged.setdefault(digest, location)
         return published
 
-    def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
+    def put_bytes(self, data: bytes, similar: str = "") -> str:
         """Stores ``data``; ``similar`` names a stored object like it (its previous version),
-        which it may be stored as a delta against (``similar_data``: its content, if at hand).
-        Without one that pays, a stored object found like it by content may serve as base."""
+        which it may be stored as a delta against (read back from the store, verified: a base
+        damaged since it was written is not built on). Without one that pays, a stored object
+        found like it by content may serve as base."""
         digest = digest_bytes(data)
         if self._known(digest):
             return digest
@@ -560,7 +581,7 @@ class Batch:
             self._put_loose(digest, (data,))
             return digest
         found = anchors(data) if len(data) >= _SEARCH_MIN_BYTES else []
-        self._publish(digest, self._append_packed(digest, data, similar, similar_data, found))
+        self._publish(digest, self._append_packed(digest, data, similar, found))
         if found:
             self.store._similar.add(digest, found)
         return digest
@@ -578,10 +599,9 @@ class Batch:
         locations = self.store._writable_pack().append_records(list(fresh.values()))
         self._publish_all(list(zip(fresh, locations, strict=True)))
 
-    def _append_packed(self, digest: str, data: bytes, similar: str, similar_data: bytes | None,
-                       found: list[int]) -> Location:
+    def _append_packed(self, digest: str, data: bytes, similar: str, found: list[int]) -> Location:
         """Appends ``data`` to the pack as a delta where one pays, else whole (see ``put_bytes``)."""
-        previous = self._delta(digest, data, similar, similar_data) if similar else None
+        previous = self._delta(digest, data, similar) if similar else None
         # Under a quarter of the content: kept without looking further (most edits of a file).
         if previous is not None and len(previous[2]) * 4 <= len(data):
             return self._append_delta(digest, *previous)
@@ -593,7 +613,7 @@ class Batch:
         searching = previous is None or len(previous[2]) * 2 >= len(body)
         candidates = self.store._similar.candidates(found, exclude=similar) if searching else []
         for candidate in candidates:
-            delta = self._delta(digest, data, candidate, None)
+            delta = self._delta(digest, data, candidate)
             if delta is not None and (best is None or len(delta[2]) < len(best[2])):
                 best = delta
                 if len(delta[2]) * 4 <= len(data):
@@ -603,8 +623,7 @@ class Batch:
             return self._append_delta(digest, *best)
         return self.store._writable_pack().append(digest, kind, body)
 
-    def _delta(self, digest: str, data: bytes, base: str,
-               base_data: bytes | None) -> tuple[str, int, bytes] | None:
+    def _delta(self, digest: str, data: bytes, base: str) -> tuple[str, int, bytes] | None:
         """(base, depth, zstd stream) of ``data`` against ``base``; None when ``base`` is not a
         committed packed object, is already ``MAX_DELTA_DEPTH`` deltas deep, or is the object
         itself (committed by another batch since this one found it missing: a delta of itself
@@ -615,8 +634,7 @@ class Batch:
         if location is None or location.pack is None or location.depth >= MAX_DELTA_DEPTH:
             return None
         try:
-            if base_data is None:
-                base_data = self.store.read_bytes(base)
+            base_data = self.store.read_bytes(base)
         except DataLoss:
             return None
         dictionary = zstandard.ZstdCompressionDict(base_data, dict_type=zstandard.DICT_TYPE_RAWCONTENT)

@@ -381,8 +381,8 @@ class Batch:
         with self.store._staged_lock:
             self.store._staged.setdefault(digest, staged)
 
-    def put_bytes(self, data: bytes, similar: str = "", similar_data: bytes | None = None) -> str:
-        """Stores ``data``. ``similar``/``similar_data`` (a previous version) are accepted for the
+    def put_bytes(self, data: bytes, similar: str = "") -> str:
+        """Stores ``data``. ``similar`` (a previous version) is accepted for the
         disk store's deltas and ignored: the database keeps whole objects.
 
         Small objects are not looked up in the database (only in what this process knows):

@@ -73,6 +73,24 @@ def zstd_decompress(body: bytes, base: bytes | None = None) -> bytes:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
     return decompressor.decompress(body, max_output_size=COMPRESS_LIMIT)
 
+def zstd_decompress_chain(frames: list[bytes]) -> bytes:
+    """The content at the end of a chain of zstd frames: the first stands alone, each next one
+    is a delta whose dictionary is the content before it (as ``zstd_decompress`` with ``base``).
+    One decompression context for the whole chain: making one costs ~13 µs, decoding a link of
+    a small file ~1-2 µs. A frame that claims more than COMPRESS_LIMIT is refused, as there."""
+    for frame in frames:
+        size = zstandard.frame_content_size(frame)
+        if not 0 <= size <= COMPRESS_LIMIT:
+            raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+    decompressor = getattr(_decompressors, "decompressor", None)
+    if decompressor is None:
+        decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
+    try:
+        return decompressor.decompress_content_dict_chain(frames)
+    except ValueError as exc:  # a frame without its content size: not one this store writes
+        raise zstandard.ZstdError(str(exc)) from exc
+
+
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:
     """Writes all of ``data``; a short write is retried, so a full disk surfaces as ENOSPC."""
     view = memoryview(data)

@@ -158,9 +158,6 @@ def _with_changes(children: Mapping[str, Entry], changed: Mapping[str, Entry | N
 
 
 EMPTY_TREE = digest_bytes(encode_node({}))
-#: Encoded nodes kept for delta bases: a few captures' worth of changed directories.
-WRITTEN_ENCODINGS_KEPT = 1024
-
 
 class Trees:
     """Reads and writes tree nodes of one content store."""
@@ -173,9 +170,6 @@ class Trees:
         self._cache: OrderedDict[str, dict[str, Entry]] = OrderedDict()
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
-        #: The encodings of the nodes written last: the next capture that changes the same
-        #: directories stores its nodes as deltas against exactly these bytes.
-        self._written: OrderedDict[str, bytes] = OrderedDict()
 
     def _read_uncached(self, digest: str) -> dict[str, Entry] | Index:
         if digest == EMPTY_TREE:
@@ -222,43 +216,35 @@ class Trees:
             node = self._part(node.digests[node.locate(name)])
         return node.get(name)
 
-    def _remember(self, digest: str, node: dict[str, Entry] | Index, encoded: bytes | None = None) -> None:
+    def _remember(self, digest: str, node: dict[str, Entry] | Index) -> None:
         with self._cache_lock:
             self._cache[digest] = node
             self._cache.move_to_end(digest)
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-            if encoded is not None:
-                self._written[digest] = encoded
-                self._written.move_to_end(digest)
-                if len(self._written) > WRITTEN_ENCODINGS_KEPT:
-                    self._written.popitem(last=False)
 
-    def write(self, batch: Batch, children: Mapping[str, Entry], previous: Mapping[str, Entry] | None = None,
-              previous_digest: str = "") -> str:
-        """Stores a node; ``previous`` (the node it replaces, stored as ``previous_digest``)
-        lets the store keep just the difference."""
+    def write(self, batch: Batch, children: Mapping[str, Entry], previous_digest: str = "") -> str:
+        """Stores a node; ``previous_digest`` (the node it replaces) lets the store keep just
+        the difference."""
         if len(children) > SPLIT_ENTRIES:
             parts, tail = split_parts(sorted(children.items()))
             if tail:
                 parts.append(tail)
             return self._write_index(batch, [self._write_part(batch, part) for part in parts])
         data = encode_node(children)
-        digest = self._put(batch, data, previous_digest, previous)
-        self._remember(digest, dict(children), data)
+        digest = self._put(batch, data, previous_digest)
+        self._remember(digest, dict(children))
         return digest
 
-    def _put(self, batch: Batch, data: bytes, previous_digest: str,
-             previous: Mapping[str, Entry] | None = None) -> str:
+    @staticmethod
+    def _put(batch: Batch, data: bytes, previous_digest: str) -> str:
         """Stores encoded bytes, as a delta of ``previous_digest`` (a node of the same kind) if
-        given; its bytes come from the encodings kept, else from ``previous``, else the store."""
+        given. The store reads that base from disk, as for a file's previous version, rather
+        than taking the bytes this process wrote: a base record damaged since must cost only
+        its own version, which the store then sees and stores this one whole."""
         if not previous_digest or not isinstance(batch, Batch):
             return batch.put_bytes(data)
-        with self._cache_lock:
-            base = self._written.get(previous_digest)
-        if base is None and previous is not None:
-            base = encode_node(previous)
-        return batch.put_bytes(data, previous_digest, base)
+        return batch.put_bytes(data, previous_digest)
 
     def _write_part(self, batch: Batch, items: list[tuple[str, Entry]],
                     previous_digest: str = "") -> tuple[str, int, str]:
@@ -266,14 +252,14 @@ class Trees:
         children = dict(items)
         data = encode_node(children)
         digest = self._put(batch, data, previous_digest)
-        self._remember(digest, children, data)
+        self._remember(digest, children)
         return items[0][0], len(items), digest
 
     def _write_index(self, batch: Batch, parts: list[tuple[str, int, str]], previous_digest: str = "") -> str:
         index = Index([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts])
         data = encode_index(index)
         digest = self._put(batch, data, previous_digest)
-        self._remember(digest, index, data)
+        self._remember(digest, index)
         return digest
 
     def flatten(self, digest: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
@@ -368,7 +354,7 @@ class Trees:
         children = _with_changes(previous, changed)
         if len(children) > SPLIT_ENTRIES:
             return self.write(batch, children)
-        return self.write(batch, children, previous, previous_digest)
+        return self.write(batch, children, previous_digest)
 
     def _change_split(self, batch: Batch, root: str, index: Index, changed: dict[str, Entry | None]) -> str:
         """A split directory that stays split: the parts holding changed children are cut
