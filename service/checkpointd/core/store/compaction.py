@@ -41,19 +41,25 @@ class Compaction:
                 self._compact(pack)
 
     def _rewrite_dependents(self, base: str) -> None:
-        """Stores in full every object kept as a delta against ``base``, before ``base`` goes."""
+        """Stores in full every object kept as a delta against ``base``, before ``base`` goes.
+        Each leaves the base's dependents only once rewritten: if one cannot be read (damaged),
+        the deletion fails and the rest stay known, so a later attempt cannot orphan them."""
+        dependents = self._dependents.get(base, set())
         rewritten: dict[Pack, int] = {}
-        for dependent in self._dependents.pop(base, set()):
-            location = self._committed.get(dependent)
-            if location is None or location.kind not in DELTAS or location.base != base:
-                continue
-            kind, body = pack_body(self.read_bytes(dependent))
-            new = self._writable_pack().append(dependent, kind, body)
-            rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
-            self._mark_dead(dependent, location)
-            self._committed[dependent] = new
-        for pack, end in rewritten.items():
-            pack.sync_to(end)
+        try:
+            for dependent in sorted(dependents):
+                location = self._committed.get(dependent)
+                if location is not None and location.kind in DELTAS and location.base == base:
+                    kind, body = pack_body(self.read_bytes(dependent))
+                    new = self._writable_pack().append(dependent, kind, body)
+                    rewritten[new.pack] = max(rewritten.get(new.pack, 0), new.offset + new.length)
+                    self._mark_dead(dependent, location)
+                    self._committed[dependent] = new
+                dependents.discard(dependent)
+        finally:
+            for pack, end in rewritten.items():
+                pack.sync_to(end)
+        self._dependents.pop(base, None)
 
     def _compact(self, pack: Pack) -> None:
         """Moves a mostly dead pack's live records to the active pack, then removes it. Called

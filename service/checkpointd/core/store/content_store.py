@@ -67,6 +67,7 @@ from checkpointd.core.store.packs import (
     dead_key,
     fsync_dir,
     storage_error,
+    zlib_decompress,
     zstd_decompress,
     zstd_decompress_chain,
 )
@@ -76,6 +77,11 @@ from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, Z
 log = logging.getLogger("checkpointd.store")
 
 MAX_DELTA_DEPTH = 16
+#: Links past which a chain being read is taken for damaged (see ``_base``): a margin over the
+#: deepest the store writes.
+MAX_CHAIN_LINKS = 4 * MAX_DELTA_DEPTH
+#: How many bases deep the reads of this thread are (``_base``).
+_chain_reads = threading.local()
 #: zstd's level for deltas: 9 makes them ~10% smaller than 3. Where the content and its base
 #: together are small, 9 switches zstd to a binary-tree match finder, 3x slower to load the base
 #: into, for deltas no smaller than 8's (measured on 263 edits of this repository's files).
@@ -202,6 +208,23 @@ class Postponed(RuntimeError):
     """The exclusive side was not taken within its patience: a shared holder may be stuck."""
 
 
+def _inflated(f, digest: str) -> Iterator[bytes]:
+    """A loose zlib object's content (stores from before packs), a chunk at a time: such objects
+    may be large, and a damaged one must not be inflated whole before its digest is checked."""
+    decompressor = zlib.decompressobj()
+    try:
+        while compressed := f.read(_CHUNK):
+            while compressed:
+                chunk = decompressor.decompress(compressed, _CHUNK)
+                compressed = decompressor.unconsumed_tail  # left over only when the chunk is full
+                if chunk:
+                    yield chunk
+        if not decompressor.eof:
+            raise zlib.error("the object ends before its zlib stream does")
+    except zlib.error as exc:
+        raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}", digest=digest) from exc
+
+
 class ContentStore(PackReplay, Compaction):
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -296,14 +319,27 @@ class ContentStore(PackReplay, Compaction):
         if location.kind == ZSTD:
             return zstd_decompress(body)
         if location.kind == ZLIB:
-            return zlib.decompress(body)
+            return zlib_decompress(body)
         if location.kind in DELTAS:
-            base = self.read_bytes(location.base) if verify_bases else self._unverified(location.base)
+            base = self._base(location, verify_bases)
             if location.kind == DELTA:
-                decompressor = zlib.decompressobj(zdict=base[-32768:])
-                return decompressor.decompress(body[DELTA_HEADER.size:]) + decompressor.flush()
+                return zlib_decompress(body[DELTA_HEADER.size:], base[-32768:])
             return zstd_decompress(body[DELTA_HEADER.size:], base)
         return body
+
+    def _base(self, location: Location, verify_bases: bool) -> bytes:
+        """A delta's base, read as ``_unpack`` says. The store writes no chain deeper than
+        MAX_DELTA_DEPTH: one that goes on past MAX_CHAIN_LINKS is damaged or forged, and reading
+        it ends in DataLoss, not in a RecursionError after a thousand links."""
+        links = getattr(_chain_reads, "links", 0)
+        if links >= MAX_CHAIN_LINKS:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {location.base} is a base more than {MAX_CHAIN_LINKS} "
+                           "deltas deep", digest=location.base)
+        _chain_reads.links = links + 1
+        try:
+            return self.read_bytes(location.base) if verify_bases else self._unverified(location.base)
+        finally:
+            _chain_reads.links = links
 
     def _unverified(self, digest: str) -> bytes:
         """A delta's base as its chain decodes, each link's digest unchecked: only the object read
@@ -389,20 +425,34 @@ class ContentStore(PackReplay, Compaction):
         the chain read again link by link, so that the error names the object that is damaged."""
         location = self._locate(digest)
         if location is not None and location.pack is not None:
-            data = self._read_chain(digest, location) if location.kind in DELTAS else None
-            if data is not None:
-                yield data
-                return
             try:
-                data = self._unpack(location, location.pack.read(location))
-            except (OSError, *BODY_ERRORS) as exc:
-                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
-                               digest=digest) from exc
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+                data = self._read_packed(digest, location)
+            except DataLoss:
+                # A collection may have moved the record (or rewritten it whole and deleted its
+                # base) since it was looked up, and closed the pack read: read it where it is now.
+                moved = self._locate(digest)
+                if moved is None or moved == location:
+                    raise
+                if moved.pack is None:
+                    yield from self._iter_loose(digest)
+                    return
+                data = self._read_packed(digest, moved)
             yield data
             return
         yield from self._iter_loose(digest)
+
+    def _read_packed(self, digest: str, location: Location) -> bytes:
+        data = self._read_chain(digest, location) if location.kind in DELTAS else None
+        if data is not None:
+            return data
+        try:
+            data = self._unpack(location, location.pack.read(location))
+        except (OSError, *BODY_ERRORS) as exc:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}",
+                           digest=digest) from exc
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)
+        return data
 
     def _read_chain(self, digest: str, location: Location) -> bytes | None:
         """A delta's content, its chain decoded unverified and the result verified; None if that
@@ -438,16 +488,13 @@ class ContentStore(PackReplay, Compaction):
         with f:
             kind = f.read(1)
             if kind == ZLIB:
-                data = zlib.decompress(f.read())
-                hasher.update(data)
-                chunks: Iterator[bytes] = iter((data,))
+                chunks: Iterator[bytes] = _inflated(f, digest)
             elif kind == RAW:
                 chunks = iter(lambda: f.read(_CHUNK), b"")
             else:
                 raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} has no header", digest=digest)
             for chunk in chunks:
-                if kind == RAW:
-                    hasher.update(chunk)
+                hasher.update(chunk)
                 yield chunk
         if hasher.hexdigest() != digest:
             raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is corrupt", digest=digest)

@@ -99,9 +99,19 @@ class PackReplay:
             if self._committed.get(digest) is location and not self._verifies(digest, location):
                 log.warning("dropping %s: its delta does not reproduce it (a write cut short)", digest)
                 self._fall_back(digest, recovery)
+                self._stop_appending(location.pack)
         resolved: dict[str, bool] = {}
         for digest in [d for d, location in self._committed.items() if location.kind in DELTAS]:
             self._resolves(digest, recovery, resolved)
+
+    def _stop_appending(self, pack: Pack) -> None:
+        """A record dropped past a pack's durable hint stays in the file (the records after it
+        may be ones a commit made durable before the hint said so). Nothing more is appended to
+        that pack, so no sync ever writes a hint that covers the dropped record: every open
+        checks it again, and drops it again, until a compaction leaves it behind."""
+        pack.appendable = False
+        if self._active is pack:
+            self._active = None
 
     def _resolves(self, digest: str, recovery: Recovery, resolved: dict[str, bool]) -> bool:
         """Whether ``digest`` is readable from what is indexed, dropping (or falling back

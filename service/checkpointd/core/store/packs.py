@@ -58,13 +58,39 @@ BODY_ERRORS = (zlib.error, zstandard.ZstdError)
 
 _decompressors = threading.local()
 
+#: What every zstd frame this store writes starts with. A skippable frame (magic 0x184D2A5?)
+#: reports no content size and asks the decoder for the size its own header claims (up to
+#: 4 GiB): a record that is not a plain frame is corrupt.
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _check_frame(frame: bytes) -> None:
+    """Refuses a frame that is not one this store writes, or that says it holds more than a
+    packed object may (a corrupt one is not given the memory it asks for)."""
+    if not frame.startswith(ZSTD_FRAME_MAGIC):
+        raise zstandard.ZstdError("a zstd record does not start with a zstd frame")
+    size = zstandard.frame_content_size(frame)
+    if not 0 <= size <= COMPRESS_LIMIT:
+        raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+
+
+def zlib_decompress(body: bytes, zdict: bytes | None = None) -> bytes:
+    """A zlib record's content (records written before zstd; ``zdict``: a zlib delta's base),
+    held to COMPRESS_LIMIT like a zstd one's: a corrupt body is not inflated without bound."""
+    decompressor = zlib.decompressobj() if zdict is None else zlib.decompressobj(zdict=zdict)
+    data = decompressor.decompress(body, COMPRESS_LIMIT + 1)
+    if len(data) > COMPRESS_LIMIT or decompressor.unconsumed_tail:
+        raise zlib.error(f"a zlib record inflates past {COMPRESS_LIMIT} bytes")
+    if not decompressor.eof:
+        raise zlib.error("a zlib record ends before its stream does")
+    return data
+
+
 def zstd_decompress(body: bytes, base: bytes | None = None) -> bytes:
     """A zstd record's content (``base``: a zstd delta's, its dictionary). Only objects up to
     COMPRESS_LIMIT are packed: a frame that says it holds more is corrupt, and is not given the
     memory it asks for."""
-    size = zstandard.frame_content_size(body)
-    if not 0 <= size <= COMPRESS_LIMIT:
-        raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+    _check_frame(body)
     if base is not None:
         dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
         return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(body, max_output_size=COMPRESS_LIMIT)
@@ -79,9 +105,7 @@ def zstd_decompress_chain(frames: list[bytes]) -> bytes:
     One decompression context for the whole chain: making one costs ~13 µs, decoding a link of
     a small file ~1-2 µs. A frame that claims more than COMPRESS_LIMIT is refused, as there."""
     for frame in frames:
-        size = zstandard.frame_content_size(frame)
-        if not 0 <= size <= COMPRESS_LIMIT:
-            raise zstandard.ZstdError(f"a zstd record claims {size} bytes")
+        _check_frame(frame)
     decompressor = getattr(_decompressors, "decompressor", None)
     if decompressor is None:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
