@@ -45,7 +45,12 @@ from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel import telemetry
-from checkpointd.core.maintenance.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
+from checkpointd.core.maintenance.datadir_lock import (
+    DataDirLock,
+    ServingLock,
+    needs_data_dir_alone,
+    needs_data_dir_lock,
+)
 from checkpointd.core.maintenance.fsck import FsckReport
 from checkpointd.core.maintenance.fsck import check as check_integrity
 from checkpointd.core.maintenance.retention import GcPostponed, Maintenance, MaintenanceReport
@@ -171,7 +176,9 @@ class CheckpointdServer:
         self._data_lock: DataDirLock | None = None
         if needs_data_dir_lock(settings.store, self.db):
             try:
-                self._data_lock = DataDirLock(settings.data_dir, exclusive=settings.gc_interval_seconds > 0).acquire()
+                self._data_lock = DataDirLock(
+                    settings.data_dir, exclusive=needs_data_dir_alone(settings.store, settings.gc_interval_seconds),
+                    disk_store_writer=settings.store == StoreKind.DISK.value).acquire()
             except BaseException:
                 self._release_locks()
                 raise

@@ -5,11 +5,14 @@ when the same plan is driven through different replicas at once."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable
 from concurrent import futures
 from functools import partial
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +21,7 @@ from sqlalchemy.pool import NullPool
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
+from tests.conftest import RunningServer
 from tests.hardening.support import start_with_faults
 from tests.helpers import end_other_sessions, error_info, tree_state
 
@@ -360,3 +364,23 @@ def test_a_page_token_issued_by_one_replica_is_good_on_the_other(two_replicas):
         with pytest.raises(grpc.RpcError) as refused:
             stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id, page_size=2, page_token=forged))
         assert error_info(refused.value).reason == "INVALID_PAGE_TOKEN"
+
+
+def test_a_second_replica_on_the_same_disk_store_is_refused_at_startup(replicas, short_tmp):
+    """A disk store has one writing process: each appends to the newest pack at the end it knows
+    of, so a replica given the same data directory would write over the other's committed records.
+    It is refused with a message that points at --store db; the first replica keeps serving."""
+    (first,) = replicas.start(1)
+    first.extra_args = ("--store", "disk", "--workspace-root", str(replicas.shared_root))
+    first.start()
+    second = RunningServer(Path(tempfile.mkdtemp(prefix="r-", dir=short_tmp)), db_url=replicas.db_url,
+                           extra_args=first.extra_args)
+    second.data_dir = first.data_dir
+    refused = subprocess.run(second.command(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "takes one server at a time" in refused.stderr and "--store db" in refused.stderr
+    assert first.serving()
+    first.stop()
+    second.start()
+    assert second.serving(), "once the first replica has stopped, the store can be written again"
+    second.stop()

@@ -5,6 +5,10 @@ The GC fence (ContentStore.collecting) only covers writers in the same process. 
 therefore hold the lock shared, a server that runs periodic GC holds it exclusively, and
 the offline ``checkpointd gc`` holds it exclusively: a GC never shares the store with a
 writer in another process.
+
+A server on the disk store holds it exclusively too: each process appends to the newest pack
+at the end it knows of, so a second writer (a replica given the same data directory) would
+write over the first one's committed records.
 """
 
 from __future__ import annotations
@@ -73,13 +77,24 @@ class _FileLock:
         self.release()
 
 
+def needs_data_dir_alone(store: str, gc_interval_seconds: float) -> bool:
+    """Whether a server must hold the data dir lock exclusively: to collect garbage, or to write
+    a disk store (one writing process per store, see the module docstring)."""
+    return gc_interval_seconds > 0 or store == StoreKind.DISK.value
+
+
 class DataDirLock(_FileLock):
     protection = "cross-process GC protection"
 
-    def __init__(self, data_dir: Path, exclusive: bool) -> None:
+    def __init__(self, data_dir: Path, exclusive: bool, disk_store_writer: bool = False) -> None:
         super().__init__(data_dir / LOCK_NAME, exclusive)
+        self.disk_store_writer = disk_store_writer
 
     def _busy_message(self) -> str:
+        if self.disk_store_writer:
+            return (f"{self.path.parent} is in use by another checkpointd process; its content store "
+                    "(--store disk) takes one server at a time (several replicas on PostgreSQL keep content "
+                    "in the database with --store db, each with a data directory of its own; see README)")
         if self.exclusive:
             return (f"{self.path.parent} is in use by another checkpointd process; garbage collection needs it "
                     "alone (stop the other process, or run GC inside the one server with --gc-interval)")
