@@ -11,6 +11,9 @@ inconsistent. A ``.gitignore`` deeper down rescans just its directory.
 What the journal cannot see is re-examined by every capture: files with more than one name
 (a write through a name in another directory, or outside the workspace, reports only there),
 kept in the base with their inodes, and mount points inside the workspace (see ``mounts``).
+A linked file stays re-examined after its other names are gone, for as long as its path holds
+the same inode: a writer that opened it by a name since removed writes on, and that name's
+watch (if it had one) no longer reports it.
 A file that gains a name inside the workspace may have others the base does not know as
 linked, so a capture that meets a new linked inode scans fully. The stat index spares the
 reads of what did not change.
@@ -63,7 +66,7 @@ from checkpointd.core.kernel.telemetry import CaptureMode
 from checkpointd.core.store.content_store import Batch
 from checkpointd.core.store.tree import Entry, EntryKind, Trees
 from checkpointd.core.workspace.mounts import MountTable, MountTableUnavailable
-from checkpointd.core.workspace.workspace import Directories, UnsafePath, Workspace
+from checkpointd.core.workspace.workspace import Directories, Inaccessible, UnsafePath, Workspace
 
 log = logging.getLogger("checkpointd.capture")
 
@@ -251,6 +254,7 @@ class Capturer:
         self.watcher.reset(journal)
         state.rules = disk_rules(workspace, patterns, excluded)
         result = self.snapshotter.capture(workspace, state.rules, max_size, batch, self._hook(journal))
+        self._still_linked(base, result, workspace)
         state.base = _Base(settings, result.tree, result.file_count, result.total_size,
                            {s.path: s for s in result.skipped}, deletions, result.linked, mounts)
         # Watches were dropped and added again during the scan: if its batch is not committed,
@@ -281,8 +285,8 @@ class Capturer:
 
     @staticmethod
     def _unchanged_linked(base: _Base, dirs: Directories, indexed: RootIndex) -> dict[str, Inode]:
-        """The base's linked files that are still what the base recorded: the same inode, still
-        linked, and a stat that matches the index (a write through any name changes it)."""
+        """The base's linked files that are still what the base recorded: the same inode and a
+        stat that matches the index (a write through any name changes it)."""
         unchanged: dict[str, Inode] = {}
         for path in sorted(base.linked):
             parent, _, name = path.rpartition("/")
@@ -291,10 +295,25 @@ class Capturer:
             except (OSError, UnsafePath):
                 continue
             known = indexed.get(path)
-            if (stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and known is not None
+            if (stat.S_ISREG(st.st_mode) and known is not None
                     and (st.st_dev, st.st_ino) == base.linked[path] and known.matches(st)):
                 unchanged[path] = base.linked[path]
         return unchanged
+
+    @staticmethod
+    def _still_linked(base: _Base | None, result: CaptureResult, workspace: Workspace) -> None:
+        """Adds to a full scan's linked files those of ``base`` whose path still holds the same
+        inode, though it has one name now (see the module docstring)."""
+        if base is None:
+            return
+        for path, inode in base.linked.items():
+            if path not in result.linked:
+                try:
+                    st = workspace.lstat(path)
+                except Inaccessible:
+                    continue
+                if st is not None and stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == inode:
+                    result.linked[path] = inode
 
     def _hook(self, journal: Journal):
         watcher = self.watcher
@@ -404,7 +423,7 @@ class Capturer:
         if not stat.S_ISREG(st.st_mode):
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_UNSUPPORTED))
             return
-        if st.st_nlink > 1:
+        if _stays_linked(delta.base, path, st):
             delta.linked[path] = (st.st_dev, st.st_ino)
         if st.st_size > max_size:
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_TOO_LARGE))
@@ -423,12 +442,18 @@ class Capturer:
             delta.set(path, old, None, skip=Skipped(path, st.st_size, SKIP_UNREADABLE))
             return
         entry, opened = result
-        if opened.st_nlink > 1:
+        if _stays_linked(delta.base, path, opened):
             delta.linked[path] = (opened.st_dev, opened.st_ino)
         if entry.size == opened.st_size:
             delta.fresh[path] = Indexed(entry.size, opened.st_mtime_ns, opened.st_ctime_ns, opened.st_ino,
                                         entry.digest, now_ns)
         delta.set(path, old, entry)
+
+
+def _stays_linked(base: _Base, path: str, st: os.stat_result) -> bool:
+    """Whether the file at ``path`` is re-examined by every capture: it has several names, or
+    had when the base was taken and is still that file (see the module docstring)."""
+    return st.st_nlink > 1 or base.linked.get(path) == (st.st_dev, st.st_ino)
 
 
 class _Delta:

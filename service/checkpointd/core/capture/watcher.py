@@ -13,10 +13,13 @@ watch that cannot be added, the workspace root itself moving, a sync that cannot
 the reader, all mark the journal "full", and the next capture scans the whole workspace.
 inotify reports a change only to the watch of the directory holding the name it was made
 through: captures look again by themselves at files with several names and at mount points
-(see ``capturer``). Blind spots left: a file with one name that gains another outside the
-workspace (the link reports nowhere here) and is written through it; writes through a shared
-mmap before the file is closed; changes made on another machine to a network file system
-(the same as git's fsmonitor).
+(see ``capturer``), for as long as the path holds the same file even when the other names are
+gone (a writer may hold one open). Blind spots left: a file with one name that gains another
+outside the workspace (the link reports nowhere here) and is written through it; a file that
+gains a second name and loses its first between two captures, written through the first by a
+writer holding it open; a directory bind-mounted elsewhere in its own workspace (one watch,
+reported under one path); writes through a shared mmap before the file is closed; changes made
+on another machine to a network file system (the same as git's fsmonitor).
 """
 
 from __future__ import annotations
