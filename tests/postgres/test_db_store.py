@@ -8,6 +8,7 @@ import inspect
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -179,6 +180,18 @@ def test_a_corrupt_compressed_object_is_data_loss(objects, database):
         connection.execute(text("UPDATE object_chunks SET data = :data WHERE digest = :d"),
                            {"data": b"not zlib", "d": digest})
     with pytest.raises(DataLoss, match="unreadable"):
+        objects.read_bytes(digest)
+
+
+def test_a_compressed_row_that_inflates_past_a_chunk_is_data_loss_not_inflated(objects, database):
+    """Objects are compressed only up to one chunk (1 MiB): a row that inflates further is damaged
+    and is refused before its content is held in memory whole."""
+    with objects.batch() as batch:
+        digest = batch.put_bytes(b"compress me " * 100)
+    with database.engine.begin() as connection:
+        connection.execute(text("UPDATE object_chunks SET data = :data WHERE digest = :d"),
+                           {"data": zlib.compress(bytes(64 * MIB), 9), "d": digest})
+    with pytest.raises(DataLoss, match="inflates past"):
         objects.read_bytes(digest)
 
 

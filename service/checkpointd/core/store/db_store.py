@@ -38,6 +38,7 @@ from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
 from checkpointd.core.store.content_store import ContentStore, SharedExclusiveLock, run_finish_callbacks
+from checkpointd.core.store.packs import zlib_decompress
 from checkpointd.core.store.replica_fence import ReplicaFence
 
 _RAW = "R"
@@ -329,7 +330,7 @@ def _staged_chunks(staged: _Staged, opened) -> Iterator[bytes]:
 def _decode(encoding: str, chunks: Iterator[bytes], digest: str) -> Iterator[bytes]:
     if encoding == _ZLIB:
         try:
-            yield zlib.decompress(b"".join(chunks))
+            yield zlib_decompress(b"".join(chunks))  # held to 1 MiB: a damaged row is no zlib bomb
         except zlib.error as exc:
             raise DataLoss(Reason.CORRUPT_CONTENT, f"object {digest} is unreadable: {exc}", digest=digest) from None
     elif encoding == _RAW:
