@@ -27,29 +27,30 @@ from checkpointd.core.kernel.errors import DataLoss
 from checkpointd.core.store import content_store as store_module
 from checkpointd.core.store.content_store import MAX_DELTA_DEPTH, ContentStore
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
+from tests.core.store.test_store_edges import _chain, _packs, _versions
 
 #: A zstd skippable frame's header claiming 0xFFFFFFF0 bytes of skippable content (8 bytes).
 _SKIPPABLE = struct.pack("<II", 0x184D2A50, 0xFFFFFFF0)
 
 
-def _packs(store: ContentStore) -> list[Path]:
-    return sorted(store.packs_dir.glob("pack-*.pack"))
-
-
 def _text(lines: int = 300) -> bytes:
-    return b"".join(b"line %d of a file that an agent keeps editing\n" % i for i in range(lines))
+    return _versions(lines)[0]
 
 
-def _chain(store: ContentStore, length: int, text: bytes | None = None) -> tuple[list[bytes], list[str]]:
-    """``length`` versions of a text, each stored as a delta of the one before."""
-    text = _text() if text is None else text
-    versions = [text.replace(b"line %d " % i, b"edit %d " % i) for i in range(length)]
-    digests: list[str] = []
-    for data in versions:
-        with store.batch() as batch:
-            digests.append(batch.put_bytes(data, digests[-1] if digests else ""))
-    assert [store._committed[d].depth for d in digests] == list(range(length))
-    return versions, digests
+def _when_located(store: ContentStore, monkeypatch, digest: str, action) -> None:
+    """Runs ``action`` once, when a read has just found where ``digest`` is and before it reads
+    it there (a reader descheduled at that moment while a collection runs)."""
+    real_locate = store._locate
+    done = []
+
+    def locate(wanted):
+        location = real_locate(wanted)
+        if wanted == digest and not done:
+            done.append(True)
+            action()
+        return location
+
+    monkeypatch.setattr(store, "_locate", locate)
 
 
 def _record(data: bytes, kind: bytes, body: bytes) -> bytes:
@@ -156,18 +157,13 @@ def test_a_read_in_flight_during_compact_all_still_reads_its_object(tmp_path, mo
         aborted.abort()
     assert len([pack for pack, dead in store._dead.items() if dead]) >= 2
     target = min(objects, key=lambda d: store._committed[d].pack.number)
-    real_locate = store._locate
     compacted = []
 
-    def locate(digest):
-        location = real_locate(digest)
-        if digest == target and not compacted:
-            # The reader is descheduled between finding the record and reading it; GC runs.
-            with store.collecting():
-                compacted.append(store.compact_all())
-        return location
+    def collect() -> None:
+        with store.collecting():
+            compacted.append(store.compact_all())
 
-    monkeypatch.setattr(store, "_locate", locate)
+    _when_located(store, monkeypatch, target, collect)
     assert store.read_bytes(target) == objects[target]
     assert compacted[0][0] >= 2
 
@@ -176,19 +172,12 @@ def test_a_read_in_flight_while_gc_deletes_its_base_still_reads_its_object(tmp_p
     store = ContentStore(tmp_path)
     versions, digests = _chain(store, 2)
     base, live = digests
-    real_locate = store._locate
-    deleted = []
 
-    def locate(digest):
-        location = real_locate(digest)
-        if digest == live and not deleted:
-            # The reader is descheduled after finding the delta; GC deletes the unreferenced base.
-            deleted.append(True)
-            with store.collecting():
-                store.delete(base)
-        return location
+    def collect() -> None:  # GC deletes the unreferenced base, rewriting the live delta whole first
+        with store.collecting():
+            store.delete(base)
 
-    monkeypatch.setattr(store, "_locate", locate)
+    _when_located(store, monkeypatch, live, collect)
     assert store.read_bytes(live) == versions[1]
     assert store._committed[live].kind != b"Y" and not store.has(base)
 
@@ -336,18 +325,12 @@ def test_a_read_in_flight_during_one_compaction_still_reads_its_object(tmp_path,
         with store.batch() as batch:
             batch.put_bytes(os.urandom(900))
     assert pack is not store._active
-    real_locate = store._locate
-    compacted = []
 
-    def locate(digest):
-        location = real_locate(digest)
-        if digest == target and not compacted:
-            with store.collecting():
-                store._compact(pack)
-            compacted.append(True)
-        return location
+    def collect() -> None:
+        with store.collecting():
+            store._compact(pack)
 
-    monkeypatch.setattr(store, "_locate", locate)
+    _when_located(store, monkeypatch, target, collect)
     assert store.read_bytes(target) == data
     assert not pack.path.exists() and store._committed[target].pack is not pack
 
@@ -387,7 +370,7 @@ def test_odd_zstd_frames_in_a_delta_read_back_or_are_data_loss(tmp_path, frame):
 def _template(root: Path) -> tuple[dict[str, bytes], bytes]:
     """A store with a zstd chain, a raw chain and lone objects of each kind; its pack's bytes."""
     store = ContentStore(root)
-    versions, digests = _chain(store, 5, _text(80))
+    versions, digests = _chain(store, 5, 80)
     contents = dict(zip(digests, versions, strict=True))
     raw = bytes(range(256)) * 12
     previous = ""

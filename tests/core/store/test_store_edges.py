@@ -570,9 +570,9 @@ def test_a_large_object_whose_source_cannot_be_read_leaves_nothing_staged(tmp_pa
     assert list(store.staging.iterdir()) == []
 
 
-def _chain(store: ContentStore, length: int) -> tuple[list[bytes], list[str]]:
-    """``length`` versions of a text, each stored as a delta of the one before."""
-    text = _versions()[0]
+def _chain(store: ContentStore, length: int, lines: int = 300) -> tuple[list[bytes], list[str]]:
+    """``length`` versions of a text of ``lines`` lines, each stored as a delta of the one before."""
+    text = _versions(lines)[0]
     versions = [text.replace(b"line %d " % i, b"edit %d " % i) for i in range(length)]
     digests: list[str] = []
     for data in versions:
