@@ -350,6 +350,14 @@ def test_files_with_several_names_are_examined_by_every_capture(engines, tmp_pat
         (engines.root / name).unlink()
     (outside / "alias").unlink()
     engines.check()
+    # Files that had other names stay examined while their paths hold the same files (a writer may
+    # hold a removed name open); once replaced by new files, they are single files like any other.
+    once_linked = {"README.md", "pkg0/sub0/file0.txt", "pkg1/sub1/file1.txt"}
+    assert set(engines.watched._roots[str(engines.root)].base.linked) == once_linked
+    for name in sorted(once_linked):
+        (tmp_path / "new").write_text(f"a new file at {name}\n")
+        os.replace(tmp_path / "new", engines.root / name)
+    engines.check()
     assert engines.watched._roots[str(engines.root)].base.linked == {}
 
 
