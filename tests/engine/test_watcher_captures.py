@@ -361,6 +361,22 @@ def test_files_with_several_names_are_examined_by_every_capture(engines, tmp_pat
     assert engines.watched._roots[str(engines.root)].base.linked == {}
 
 
+def test_a_file_that_lost_its_other_name_stays_examined_after_a_full_scan(engines, tmp_path):
+    """A full scan meets the file with one name, but it had another, which a writer still holds
+    open: the scan keeps it among the files every capture examines, so the writer's write is seen."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _populate(engines.root, dirs=1, files=1)
+    os.link(engines.root / "pkg0/sub0/file0.txt", outside / "alias")
+    engines.check(expect="full")
+    with open(outside / "alias", "r+") as writer:
+        (outside / "alias").unlink()
+        write(engines.root / ".gitignore", "*.log\n")  # the root's rules changed: a full scan
+        engines.check(expect="full")
+        writer.write("written through a name removed since, by a writer that kept it open\n")
+    engines.check()
+
+
 def test_a_capture_no_checkpoint_records_is_never_built_on(engines):
     """A live diff's capture, or a create whose row failed: garbage collection keeps only what
     rows reach, so the next capture must not reuse what only such a capture had."""
