@@ -13,7 +13,7 @@ from checkpointd.commands.failures import on_interrupt
 from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
-from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.core.maintenance.datadir_lock import DataDirBusy, held_offline
 from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport, store_footprint
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.content_store import ContentStore
@@ -49,8 +49,7 @@ def gc(args: argparse.Namespace) -> int:
     db = Database(settings.database_url)
     try:
         with contextlib.ExitStack() as stack:
-            if needs_data_dir_lock(args.store, db):
-                stack.enter_context(DataDirLock(data_dir, exclusive=True))
+            stack.enter_context(held_offline(data_dir, args.store, db))
             db.migrate()
             store = open_store(args.store, db, data_dir)
             config = ConfigStore(db)

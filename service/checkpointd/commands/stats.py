@@ -9,7 +9,7 @@ from rich import box
 from rich.table import Table
 
 from checkpointd.commands import render
-from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+from checkpointd.core.maintenance.datadir_lock import DataDirBusy, held_offline
 from checkpointd.core.maintenance.usage import StoreUsage, store_usage
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import open_store
@@ -44,8 +44,7 @@ def stats(args: argparse.Namespace) -> int:
     db = Database(settings.database_url)
     try:
         with contextlib.ExitStack() as stack:
-            if needs_data_dir_lock(args.store, db):
-                stack.enter_context(DataDirLock(data_dir, exclusive=True))
+            stack.enter_context(held_offline(data_dir, args.store, db))
             db.migrate()
             usage = store_usage(db, open_store(args.store, db, data_dir), data_dir, args.plan)
     except DataDirBusy as exc:

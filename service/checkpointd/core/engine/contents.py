@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from checkpointd.core.engine import filtering
+from checkpointd.core.engine.parts import not_found_if_deleted
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, NotFound, Reason
 from checkpointd.core.metadata.db import Database
@@ -200,11 +201,7 @@ class Contents:
             raise
 
     def _not_found_if_deleted(self, checkpoint_id: str) -> None:
-        with self.db.session() as session:
-            deleted = session.get(CheckpointRow, checkpoint_id) is None
-        if deleted:
-            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} was deleted while it was "
-                           "read", checkpoint_id=checkpoint_id) from None
+        not_found_if_deleted(self.db, checkpoint_id)
 
     def _archive(self, row: CheckpointRow) -> Iterator[bytes]:
         mtime = int(row.create_time.timestamp())

@@ -3,10 +3,10 @@ plan's live workspace."""
 
 from __future__ import annotations
 
-from checkpointd.core.engine.parts import EngineParts, path_subset
+from checkpointd.core.engine.parts import EngineParts, not_found_if_deleted, path_subset
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.kernel import validation
-from checkpointd.core.kernel.errors import FailedPrecondition, Reason
+from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, Reason
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.store.tree import Change
 from checkpointd.core.workspace.workspace import is_under
@@ -38,7 +38,12 @@ class Diffs:
                 target_tree = target.tree_digest
             else:
                 plan = session.get(PlanRow, base.plan_id)
-        changes = self.parts.trees.diff(base.tree_digest, target_tree) if target_id else self._diff_live(base, plan)
+        try:
+            changes = (list(self.parts.trees.diff(base.tree_digest, target_tree)) if target_id
+                       else self._diff_live(base, plan))
+        except DataLoss:
+            not_found_if_deleted(self.parts.db, *filter(None, (base_id, target_id)))
+            raise
         return [c for c in changes if not subset or is_under(c.path, subset)]
 
     def _diff_live(self, base: CheckpointRow, plan: PlanRow) -> list[Change]:

@@ -7,10 +7,11 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from checkpointd.core.engine import filtering
-from checkpointd.core.engine.parts import EngineParts
+from checkpointd.core.engine.parts import EngineParts, not_found_if_deleted
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint
 from checkpointd.core.kernel import validation
+from checkpointd.core.kernel.errors import DataLoss
 from checkpointd.core.metadata.models import CheckpointRow
 from checkpointd.core.metadata.server_secrets import PAGE_TOKEN_KEY, shared_secret
 
@@ -25,7 +26,11 @@ class History:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)
         with self.parts.db.session() as session:
             row = self.parts.load(session, checkpoint_id)
-        return Checkpoint(row, self.parts.state(row) if with_state else None)
+        try:
+            return Checkpoint(row, self.parts.state(row) if with_state else None)
+        except DataLoss:
+            not_found_if_deleted(self.parts.db, checkpoint_id)
+            raise
 
     def list(self, plan_id: str, page_size: int = 0, page_token: str = "",
              filter_text: str = "") -> tuple[list[Checkpoint], str]:

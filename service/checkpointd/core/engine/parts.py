@@ -90,6 +90,17 @@ class EngineParts:
         return self.store.read_bytes(row.state_digest) if row.state_digest else b""
 
 
+def not_found_if_deleted(db: Database, *checkpoint_ids: str) -> None:
+    """NOT_FOUND for the first of ``checkpoint_ids`` deleted since it was loaded: content that
+    went missing midway because its checkpoint was deleted (and collected) while it was read is
+    that, not the store's DATA_LOSS. Returns when all still exist (the loss is real)."""
+    with db.session() as session:
+        for checkpoint_id in checkpoint_ids:
+            if session.get(CheckpointRow, checkpoint_id) is None:
+                raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} was deleted while it "
+                               "was read", checkpoint_id=checkpoint_id) from None
+
+
 def path_subset(paths: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """The paths a diff or rollback is limited to, validated."""
     if len(paths) > validation.MAX_PATHS:

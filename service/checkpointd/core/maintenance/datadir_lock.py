@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
@@ -104,14 +105,32 @@ class DataDirLock(_FileLock):
 class ServingLock(_FileLock):
     """One server per SQLite database, held for as long as it serves: what it keeps in memory
     (resolved config, known plans, the content store's index) assumes that no other server
-    writes the database. Offline commands do not take it."""
+    writes the database. Offline commands that open the store take it too (``held_offline``)."""
 
     protection = "the one-server-per-database check"
 
-    def __init__(self, database: Path) -> None:
+    def __init__(self, database: Path, offline: bool = False) -> None:
         super().__init__(database.with_name(database.name + ".serving.lock"), exclusive=True)
         self.database = database
+        self.offline = offline
 
     def _busy_message(self) -> str:
+        if self.offline:
+            return (f"the SQLite database {self.database} is served by a running checkpointd: stop it first (or "
+                    "let it collect garbage itself with --gc-interval)")
         return (f"the SQLite database {self.database} is already served by another checkpointd; SQLite takes one "
                 "server per database (run several replicas on PostgreSQL, see README)")
+
+
+@contextlib.contextmanager
+def held_offline(data_dir: Path, store: str, db: Database) -> Iterator[None]:
+    """What an offline command that opens the content store holds (DataDirBusy if it cannot):
+    the data dir alone, and on SQLite the database's serving lock, so that no server serves the
+    database meanwhile whatever data dir it was given (with --store db the content store is that
+    database: a collection beside such a server deleted what its next checkpoint reused)."""
+    with contextlib.ExitStack() as stack:
+        if needs_data_dir_lock(store, db):
+            stack.enter_context(DataDirLock(data_dir, exclusive=True))
+        if db.sqlite_path:
+            stack.enter_context(ServingLock(Path(db.sqlite_path), offline=True))
+        yield

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from sqlmodel import select
 
-from checkpointd.core.kernel.errors import CheckpointdError
+from checkpointd.core.kernel.errors import CheckpointdError, DataLoss
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
 from checkpointd.core.metadata.db import Database, known_revisions
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow, RollbackJournalRow
@@ -329,7 +329,7 @@ def check_data_dir(data_dir: Path, db_url: str = "", store_kind: str = "disk", f
     taken exclusively, and the check is refused (CannotCheck) while a server holds it. With
     ``--store db`` on PostgreSQL no lock is needed (nothing is changed, and the check holds
     the replicas' GC fence): it runs beside running replicas."""
-    from checkpointd.core.maintenance.datadir_lock import DataDirBusy, DataDirLock, needs_data_dir_lock
+    from checkpointd.core.maintenance.datadir_lock import DataDirBusy, held_offline, needs_data_dir_lock
     from checkpointd.core.store.db_store import StoreKind, open_store
 
     data_dir = Path(data_dir)
@@ -345,11 +345,14 @@ def check_data_dir(data_dir: Path, db_url: str = "", store_kind: str = "disk", f
             kind = StoreKind(store_kind)
             if needs_data_dir_lock(kind.value, db):
                 try:
-                    stack.enter_context(DataDirLock(data_dir, exclusive=True))
+                    stack.enter_context(held_offline(data_dir, kind.value, db))
                 except DataDirBusy:
                     raise CannotCheck(f"{data_dir} is in use by a running checkpointd: stop it first, or check it "
                                       "through its AdminService with --target ADDR") from None
-                store = open_store(kind.value, db, data_dir)
+                try:
+                    store = open_store(kind.value, db, data_dir)
+                except DataLoss as exc:  # a pack whose header is not a pack's: the store cannot open
+                    raise CannotCheck(f"the content store in {data_dir} cannot be opened: {exc}") from None
             else:
                 # Beside running replicas: a staging directory of its own, so none of theirs is touched.
                 store = open_store(kind.value, db, Path(stack.enter_context(tempfile.TemporaryDirectory())))

@@ -43,7 +43,7 @@ from checkpointd.core.config.registry import (
     ConfigStore,
 )
 from checkpointd.core.kernel import telemetry
-from checkpointd.core.kernel.errors import CheckpointdError, NotFound, RollbackUnfinished
+from checkpointd.core.kernel.errors import CheckpointdError, DataLoss, NotFound, RollbackUnfinished
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.kernel.telemetry import GcReport
 from checkpointd.core.kernel.vocabulary import Phase
@@ -356,7 +356,13 @@ class Maintenance:
                 if digest in marker.referenced:
                     continue
                 if not dry_run:
-                    self.store.delete(digest)
+                    try:
+                        self.store.delete(digest)
+                    except DataLoss as damaged:
+                        # A delta over it cannot be read to be stored whole: the base is kept (the
+                        # delta may yet be repaired) and the rest is collected; fsck reports it.
+                        log.error("garbage collection kept %s: %s; run `checkpointd fsck`", digest, damaged)
+                        continue
                 deleted += 1
                 reclaimed += sizes.get(digest, 0)
         objects, size = store_footprint(self.store)

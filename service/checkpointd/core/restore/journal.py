@@ -102,6 +102,8 @@ class JournalEntry:
 
     @classmethod
     def from_record(cls, body: dict[str, object]) -> JournalEntry:
+        if not isinstance(body, dict):
+            raise ValueError("a journal entry is not an object")
         body = dict(body)
         if body.pop("version", None) != FORMAT_VERSION:
             raise ValueError("unknown journal entry version")
@@ -114,6 +116,8 @@ class JournalEntry:
     def from_legacy_json(cls, data: bytes) -> JournalEntry:
         """An entry file written by a server before this journal (no sequence, no ``written``)."""
         body = json.loads(data)
+        if not isinstance(body, dict):
+            raise ValueError("a journal entry file does not hold an object")
         if body.pop("version", None) != LEGACY_VERSION:
             raise ValueError("unknown journal format version")
         return cls._typed(body)
