@@ -29,10 +29,8 @@ from checkpointd.core.config.registry import (
     RETENTION_MAX_AGE_SECONDS,
     RETENTION_MAX_CHECKPOINTS,
     RETENTION_SAFETY_MAX_AGE_SECONDS,
-    ConfigStore,
 )
-from checkpointd.core.engine.checkpoints import Checkpoints
-from checkpointd.core.engine.requests import CreateRequest, EngineSettings, RollbackRequest
+from checkpointd.core.engine.requests import RollbackRequest
 from checkpointd.core.kernel.errors import DataLoss, NotFound
 from checkpointd.core.kernel.faults import Point
 from checkpointd.core.maintenance import retention as retention_module
@@ -40,72 +38,35 @@ from checkpointd.core.maintenance.fsck import CannotCheck, FindingKind, check, c
 from checkpointd.core.maintenance.retention import (
     Candidate,
     GcAborted,
-    Maintenance,
     Policy,
     Rule,
     select_prunable,
 )
-from checkpointd.core.metadata.db import Database
 from checkpointd.core.store import content_store as content_store_module
 from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.db_store import open_store
 from checkpointd.core.store.packs import DELTA_HEADER, DELTAS
-from checkpointd.core.store.tree import EntryKind
 from checkpointd.core.workspace.readworker import RECORD
 from tests.helpers import tree_state
 from tests.ops.conftest import run_cli, wait_until
+from tests.ops.test_maintenance_engine import Engine as MaintenanceEngine
+from tests.ops.test_maintenance_engine import interrupt_a_rollback
 
 
-class Engine:
+class Engine(MaintenanceEngine):
     """An engine laid out as a server's data directory (``checkpointd.db`` and ``store/`` under
     one root), so that the offline fsck can check it once it is closed."""
 
     def __init__(self, root: Path, store_kind: str) -> None:
-        self.root = root
-        self.workspaces = root / "workspaces"
-        self.workspaces.mkdir(exist_ok=True)
-        self.db = Database(f"sqlite:///{root / 'checkpointd.db'}")
-        self.db.migrate()
-        self.store = open_store(store_kind, self.db, root)
-        self.config = ConfigStore(self.db)
-        self.checkpoints = Checkpoints(self.db, self.store, self.config,
-                                       EngineSettings(root / "engine-data", (str(self.workspaces),), watcher=False))
-        self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
-                                       self.checkpoints.delete)
+        super().__init__(root, store_kind, db_name="checkpointd.db", engine_data="engine-data")
         self.closed = False
-
-    def workspace(self) -> Path:
-        path = self.workspaces / str(ULID())
-        path.mkdir()
-        return path
-
-    def create(self, plan_id: str, workspace: Path | None = None, state: bytes = b"", **fields):
-        request = CreateRequest(plan_id=plan_id, state=state, workspace_root=str(workspace or ""), **fields)
-        return self.checkpoints.create(request).row
 
     def ids(self, plan_id: str) -> list[str]:
         return [c.row.checkpoint_id for c in self.checkpoints.list(plan_id)[0]]
 
-    def referenced_by(self, row) -> set[str]:
-        found = {row.state_digest} if row.state_digest else set()
-        pending = [row.tree_digest] if row.tree_digest else []
-        while pending:
-            digest = pending.pop()
-            found.add(digest)
-            for entry in self.checkpoints.trees.read(digest).values():
-                if entry.kind is EntryKind.DIR:
-                    pending.append(entry.digest)
-                elif entry.kind is EntryKind.FILE:
-                    found.add(entry.digest)
-        return found
-
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.checkpoints.close()
-        self.store.close()
-        self.db.dispose()
+        if not self.closed:
+            self.closed = True
+            super().close()
 
 
 @pytest.fixture(params=["disk", "db"])
@@ -411,28 +372,10 @@ def test_an_unfinishable_rollback_keeps_its_safety_and_target_checkpoints_past_e
     stay, and so does what they reference; once it can be finished, they follow the rules."""
     from checkpointd.core.restore import restorer as restorer_module
 
-    class Killed(BaseException):
-        """The process dying at a fault point."""
-
     engine = disk_engine
     workspace = engine.workspace()
     plan_id = str(ULID())
-    ids = []
-    for n in range(3):
-        (workspace / "a.txt").write_text(f"a {n}")
-        (workspace / "b.txt").write_text(f"b {n}")
-        ids.append(engine.create(plan_id, workspace).checkpoint_id)
-    (workspace / "a.txt").write_text("work since the last checkpoint")
-    calls: list[Point] = []
-
-    def killed_after_one_change(point: Point) -> None:
-        calls.append(point)
-        if point is Point.RESTORE_CHANGE and len(calls) == 2:
-            raise Killed
-
-    monkeypatch.setattr(restorer_module, "crash_point", killed_after_one_change)
-    with pytest.raises(Killed):
-        engine.checkpoints.rollback(RollbackRequest(plan_id, ids[0]))
+    interrupt_a_rollback(engine, monkeypatch, workspace, plan_id, edit_since="work since the last checkpoint")
     entry = engine.checkpoints.journal.get(plan_id)
     assert entry is not None
 

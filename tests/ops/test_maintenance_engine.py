@@ -39,20 +39,21 @@ from checkpointd.core.maintenance.retention import (
     select_prunable,
 )
 from checkpointd.core.metadata.db import Database
+from checkpointd.core.restore import restorer as restore_module
 from checkpointd.core.store.db_store import DatabaseStore, open_store
 from checkpointd.core.store.tree import EntryKind
 
 
 class Engine:
-    def __init__(self, root: Path, store_kind: str) -> None:
+    def __init__(self, root: Path, store_kind: str, db_name: str = "meta.db", engine_data: str = "data") -> None:
         self.workspaces = root / "workspaces"
-        self.workspaces.mkdir()
-        self.db = Database(f"sqlite:///{root / 'meta.db'}")
+        self.workspaces.mkdir(exist_ok=True)
+        self.db = Database(f"sqlite:///{root / db_name}")
         self.db.migrate()
         self.store = open_store(store_kind, self.db, root)
         self.config = ConfigStore(self.db)
         self.checkpoints = Checkpoints(self.db, self.store, self.config,
-                                       EngineSettings(root / "data", (str(self.workspaces),), watcher=False))
+                                       EngineSettings(root / engine_data, (str(self.workspaces),), watcher=False))
         self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
                                        self.checkpoints.delete)
 
@@ -67,19 +68,20 @@ class Engine:
 
     def referenced(self) -> set[str]:
         """Every object the checkpoints in the database reference, walked here independently of GC."""
-        found: set[str] = set()
-        for plan_rows in self._rows():
-            pending = [plan_rows.tree_digest] if plan_rows.tree_digest else []
-            if plan_rows.state_digest:
-                found.add(plan_rows.state_digest)
-            while pending:
-                digest = pending.pop()
-                found.add(digest)
-                for entry in self.checkpoints.trees.read(digest).values():
-                    if entry.kind is EntryKind.DIR:
-                        pending.append(entry.digest)
-                    elif entry.kind is EntryKind.FILE:
-                        found.add(entry.digest)
+        return set().union(*(self.referenced_by(row) for row in self._rows()))
+
+    def referenced_by(self, row) -> set[str]:
+        """The objects one checkpoint row references: its state, its tree's nodes and files."""
+        found = {row.state_digest} if row.state_digest else set()
+        pending = [row.tree_digest] if row.tree_digest else []
+        while pending:
+            digest = pending.pop()
+            found.add(digest)
+            for entry in self.checkpoints.trees.read(digest).values():
+                if entry.kind is EntryKind.DIR:
+                    pending.append(entry.digest)
+                elif entry.kind is EntryKind.FILE:
+                    found.add(entry.digest)
         return found
 
     def _rows(self):
@@ -124,23 +126,9 @@ def _two_checkpoints_then_delete_the_first(engine: Engine) -> tuple[str, set[str
     (workspace / "old").rmdir()
     (workspace / "top.txt").write_text("second")
     second = engine.create(plan_id, workspace, state=os.urandom(3000))
-    only_first = only_first_before - (engine.referenced() - only_first_before) - _referenced_by(engine, second)
+    only_first = only_first_before - (engine.referenced() - only_first_before) - engine.referenced_by(second)
     engine.checkpoints.delete(first.checkpoint_id)
     return second.checkpoint_id, only_first
-
-
-def _referenced_by(engine: Engine, row) -> set[str]:
-    found = {row.state_digest} if row.state_digest else set()
-    pending = [row.tree_digest]
-    while pending:
-        digest = pending.pop()
-        found.add(digest)
-        for entry in engine.checkpoints.trees.read(digest).values():
-            if entry.kind is EntryKind.DIR:
-                pending.append(entry.digest)
-            elif entry.kind is EntryKind.FILE:
-                found.add(entry.digest)
-    return found
 
 
 def test_gc_deletes_exactly_what_no_checkpoint_references_and_counts_it(engine: Engine) -> None:
@@ -220,7 +208,7 @@ def test_a_checkpoint_committed_while_gc_runs_keeps_what_it_references(engine: E
     report = engine.maintenance.collect_garbage()
 
     assert made and report.deleted_objects == 0
-    assert _referenced_by(engine, made[0]) <= engine.stored()
+    assert engine.referenced_by(made[0]) <= engine.stored()
 
 
 def test_a_dry_run_collection_reports_the_same_and_deletes_nothing(engine: Engine) -> None:
@@ -361,23 +349,22 @@ def test_a_maintenance_run_empties_the_sqlite_write_ahead_log(engine: Engine, tm
     assert wal.stat().st_size == 0
 
 
-def test_a_plan_whose_interrupted_rollback_cannot_be_finished_keeps_every_checkpoint_that_run(
-        engine: Engine, monkeypatch) -> None:
-    """Pruning a plan first finishes its interrupted rollback; if that fails, the plan keeps all its
-    checkpoints in this run (none of them is pruned half-way through the list), and the next run,
-    once the rollback can be finished, prunes them."""
-    from checkpointd.core.restore import restorer as restore_module
+class Killed(BaseException):
+    """The process dying at a fault point: nothing in the engine handles it."""
 
-    class Killed(BaseException):
-        """The process dying at a fault point: nothing in the engine handles it."""
 
-    workspace = engine.workspace()
-    plan_id = str(ULID())
+def interrupt_a_rollback(engine: Engine, monkeypatch, workspace: Path, plan_id: str,
+                         edit_since: str = "") -> list[str]:
+    """Three checkpoints of two files (``edit_since``: then a.txt written with it), and a rollback to
+    the first killed after its first change, so that the plan's rollback is left unfinished.
+    Returns the checkpoints' ids, oldest first."""
     ids = []
     for n in range(3):
         (workspace / "a.txt").write_text(f"a {n}")
         (workspace / "b.txt").write_text(f"b {n}")
         ids.append(engine.create(plan_id, workspace).checkpoint_id)
+    if edit_since:
+        (workspace / "a.txt").write_text(edit_since)
     calls: list[Point] = []
 
     def killed_after_one_change(point: Point) -> None:
@@ -388,6 +375,17 @@ def test_a_plan_whose_interrupted_rollback_cannot_be_finished_keeps_every_checkp
     monkeypatch.setattr(restore_module, "crash_point", killed_after_one_change)
     with pytest.raises(Killed):
         engine.checkpoints.rollback(RollbackRequest(plan_id, ids[0]))
+    return ids
+
+
+def test_a_plan_whose_interrupted_rollback_cannot_be_finished_keeps_every_checkpoint_that_run(
+        engine: Engine, monkeypatch) -> None:
+    """Pruning a plan first finishes its interrupted rollback; if that fails, the plan keeps all its
+    checkpoints in this run (none of them is pruned half-way through the list), and the next run,
+    once the rollback can be finished, prunes them."""
+    workspace = engine.workspace()
+    plan_id = str(ULID())
+    ids = interrupt_a_rollback(engine, monkeypatch, workspace, plan_id)
     attempts: list[Point] = []
 
     def unwritable_once(point: Point) -> None:
@@ -489,4 +487,4 @@ def test_a_candidate_referenced_again_during_gc_keeps_only_itself(engine: Engine
 
     assert made and report.deleted_objects == len(garbage)
     assert not garbage & engine.stored()
-    assert _referenced_by(engine, made[0]) <= engine.stored()
+    assert engine.referenced_by(made[0]) <= engine.stored()
