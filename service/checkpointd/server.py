@@ -9,6 +9,7 @@ are plain ones, called from any thread."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -83,6 +84,8 @@ _ALWAYS_OPEN = OpenService.HEALTH.service_names | OpenService.REFLECTION.service
 #: Threads of the pool that plan calls (captures, diffs, rollbacks) never take: what Get, List and the
 #: config service keep while captures are stuck on their workspaces.
 RESERVED_THREADS = 8
+#: How long past its grace period a drain waits for gRPC's own stop before it goes on.
+STOP_SLACK_SECONDS = 2.0
 
 
 def plan_threads(max_workers: int) -> int:
@@ -355,7 +358,14 @@ class CheckpointdServer:
         # still runs when the grace period ends (an open health Watch stream) is cancelled.
         remaining = max(0.0, deadline - time.monotonic())
         log.info("every call has finished; waiting for their responses to be sent (at most %.1fs)", remaining)
-        self._on_loop(self.server.stop(remaining))
+        stopping = asyncio.run_coroutine_threadsafe(self.server.stop(remaining), self._loop)
+        try:
+            # Bounded: grpcio's stop can hang after a streaming call was cancelled (grpc/grpc#28999),
+            # and a drain must end, whatever is left unsent then.
+            stopping.result(timeout=remaining + STOP_SLACK_SECONDS)
+        except concurrent.futures.TimeoutError:
+            log.warning("gRPC's server had not stopped %.1fs after its grace period; stopping anyway",
+                        STOP_SLACK_SECONDS)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join()
         self._loop.close()

@@ -108,4 +108,4 @@ def test_watch_stream_ends_when_the_server_drains(fresh_server):
             ended = error.code()
         stopper.join()
     assert ended != grpc.StatusCode.DEADLINE_EXCEEDED
-    assert exit_code == [0]
+    assert exit_code == [0], f"the server did not exit cleanly; its log:\n{fresh_server.log()}"
