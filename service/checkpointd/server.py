@@ -46,12 +46,7 @@ from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel import telemetry
-from checkpointd.core.maintenance.datadir_lock import (
-    DataDirLock,
-    ServingLock,
-    needs_data_dir_alone,
-    needs_data_dir_lock,
-)
+from checkpointd.core.maintenance.datadir_lock import DataDirLock, ServingLock, needs_data_dir_lock
 from checkpointd.core.maintenance.fsck import FsckReport
 from checkpointd.core.maintenance.fsck import check as check_integrity
 from checkpointd.core.maintenance.retention import GcPostponed, Maintenance, MaintenanceReport
@@ -179,9 +174,8 @@ class CheckpointdServer:
         self._data_lock: DataDirLock | None = None
         if needs_data_dir_lock(settings.store, self.db):
             try:
-                self._data_lock = DataDirLock(
-                    settings.data_dir, exclusive=needs_data_dir_alone(settings.store, settings.gc_interval_seconds),
-                    disk_store_writer=settings.store == StoreKind.DISK.value).acquire()
+                self._data_lock = DataDirLock.for_server(settings.data_dir, settings.store,
+                                                         settings.gc_interval_seconds).acquire()
             except BaseException:
                 self._release_locks()
                 raise
@@ -213,9 +207,10 @@ class CheckpointdServer:
         self._usage_thread: threading.Thread | None = None
         self._on_loop(self._build(listeners))
 
-    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Runs ``coroutine`` on the server's event loop and waits for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Runs ``coroutine`` on the server's event loop and waits for its result (at most
+        ``timeout`` seconds: then concurrent.futures.TimeoutError)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _build(self, listeners: list[Listener]) -> None:
         """Made on the loop: the asyncio server and its health servicer belong to the loop they are made on."""
@@ -358,11 +353,10 @@ class CheckpointdServer:
         # still runs when the grace period ends (an open health Watch stream) is cancelled.
         remaining = max(0.0, deadline - time.monotonic())
         log.info("every call has finished; waiting for their responses to be sent (at most %.1fs)", remaining)
-        stopping = asyncio.run_coroutine_threadsafe(self.server.stop(remaining), self._loop)
         try:
             # Bounded: grpcio's stop can hang after a streaming call was cancelled (grpc/grpc#28999),
             # and a drain must end, whatever is left unsent then.
-            stopping.result(timeout=remaining + STOP_SLACK_SECONDS)
+            self._on_loop(self.server.stop(remaining), timeout=remaining + STOP_SLACK_SECONDS)
         except concurrent.futures.TimeoutError:
             log.warning("gRPC's server had not stopped %.1fs after its grace period; stopping anyway",
                         STOP_SLACK_SECONDS)

@@ -36,6 +36,7 @@ from checkpointd.core.restore import restorer as restorer_module
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import EntryKind, Trees
 from checkpointd.core.workspace.workspace import Workspace
+from tests.engine.conftest import write
 from tests.engine.live import NamespacedServer, NamespacedSession, serve
 from tests.helpers import tree_state
 
@@ -125,13 +126,6 @@ def eng(tmp_path: Path) -> Iterator[Engine]:
         yield opened
     finally:
         opened.close()
-
-
-def write(path: Path, data: str | bytes, mode: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    if mode is not None:
-        os.chmod(path, mode)
 
 
 def at_restore_change(monkeypatch, hooks: dict[int, Callable[[], None]]) -> list[int]:

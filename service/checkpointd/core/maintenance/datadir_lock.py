@@ -78,18 +78,20 @@ class _FileLock:
         self.release()
 
 
-def needs_data_dir_alone(store: str, gc_interval_seconds: float) -> bool:
-    """Whether a server must hold the data dir lock exclusively: to collect garbage, or to write
-    a disk store (one writing process per store, see the module docstring)."""
-    return gc_interval_seconds > 0 or store == StoreKind.DISK.value
-
-
 class DataDirLock(_FileLock):
     protection = "cross-process GC protection"
 
     def __init__(self, data_dir: Path, exclusive: bool, disk_store_writer: bool = False) -> None:
         super().__init__(data_dir / LOCK_NAME, exclusive)
         self.disk_store_writer = disk_store_writer
+
+    @classmethod
+    def for_server(cls, data_dir: Path, store: str, gc_interval_seconds: float) -> DataDirLock:
+        """A server's hold: exclusive to collect garbage, or to write a disk store (one writing
+        process per store, see the module docstring); shared otherwise."""
+        disk_store_writer = store == StoreKind.DISK.value
+        return cls(data_dir, exclusive=gc_interval_seconds > 0 or disk_store_writer,
+                   disk_store_writer=disk_store_writer)
 
     def _busy_message(self) -> str:
         if self.disk_store_writer:
@@ -116,8 +118,9 @@ class ServingLock(_FileLock):
 
     def _busy_message(self) -> str:
         if self.offline:
-            return (f"the SQLite database {self.database} is served by a running checkpointd: stop it first (or "
-                    "let it collect garbage itself with --gc-interval)")
+            return (f"the SQLite database {self.database} is served by a running checkpointd: stop it first "
+                    "(an offline command needs the database alone; a server collects garbage itself with "
+                    "--gc-interval)")
         return (f"the SQLite database {self.database} is already served by another checkpointd; SQLite takes one "
                 "server per database (run several replicas on PostgreSQL, see README)")
 

@@ -94,10 +94,16 @@ def zstd_decompress(body: bytes, base: bytes | None = None) -> bytes:
     if base is not None:
         dictionary = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
         return zstandard.ZstdDecompressor(dict_data=dictionary).decompress(body, max_output_size=COMPRESS_LIMIT)
+    return _thread_decompressor().decompress(body, max_output_size=COMPRESS_LIMIT)
+
+
+def _thread_decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor without a dictionary (one is not shared between threads)."""
     decompressor = getattr(_decompressors, "decompressor", None)
     if decompressor is None:
         decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
-    return decompressor.decompress(body, max_output_size=COMPRESS_LIMIT)
+    return decompressor
+
 
 def zstd_decompress_chain(frames: list[bytes]) -> bytes:
     """The content at the end of a chain of zstd frames: the first stands alone, each next one
@@ -106,11 +112,8 @@ def zstd_decompress_chain(frames: list[bytes]) -> bytes:
     a small file ~1-2 µs. A frame that claims more than COMPRESS_LIMIT is refused, as there."""
     for frame in frames:
         _check_frame(frame)
-    decompressor = getattr(_decompressors, "decompressor", None)
-    if decompressor is None:
-        decompressor = _decompressors.decompressor = zstandard.ZstdDecompressor()
     try:
-        return decompressor.decompress_content_dict_chain(frames)
+        return _thread_decompressor().decompress_content_dict_chain(frames)
     except ValueError as exc:  # a frame without its content size: not one this store writes
         raise zstandard.ZstdError(str(exc)) from exc
 
