@@ -403,6 +403,43 @@ def test_an_unfinishable_rollback_keeps_its_safety_and_target_checkpoints_past_e
     assert (workspace / "a.txt").read_text() == "a 0"
 
 
+def test_repeated_failures_to_finish_a_rollback_record_the_workspace_once(
+        disk_engine: Engine, monkeypatch) -> None:
+    """Each attempt to finish an interrupted rollback that fails records the workspace first if no
+    checkpoint of this rollback holds it yet; a workspace unchanged since the last attempt is not
+    recorded again (one more safety checkpoint per failed attempt would pile up without end)."""
+    from checkpointd.core.restore import restorer as restorer_module
+
+    engine = disk_engine
+    workspace = engine.workspace()
+    plan_id = str(ULID())
+    interrupt_a_rollback(engine, monkeypatch, workspace, plan_id)
+
+    def always_unwritable(point: Point) -> None:
+        raise OSError(5, "Input/output error")
+
+    def safety_ids() -> list[str]:
+        return [c.row.checkpoint_id for c in engine.checkpoints.list(plan_id)[0]
+                if c.row.phase == "rollback_safety"]
+
+    before = safety_ids()
+    monkeypatch.setattr(restorer_module, "crash_point", always_unwritable)
+    for _ in range(4):
+        assert engine.checkpoints.recovery.recover_interrupted_rollbacks() == [plan_id]
+    after_failures = safety_ids()
+    (workspace / "b.txt").write_text("written between two attempts")
+    assert engine.checkpoints.recovery.recover_interrupted_rollbacks() == [plan_id]
+    after_an_edit = safety_ids()
+    monkeypatch.undo()
+    assert engine.checkpoints.recovery.recover_interrupted_rollbacks() == []
+
+    assert len(after_failures) == len(before) + 1  # the half-rolled-back workspace, once
+    assert len(after_an_edit) == len(after_failures) + 1  # then each change, once
+    assert len(safety_ids()) == len(after_an_edit)
+    assert (workspace / "a.txt").read_text() == "a 0"
+    assert (workspace / "b.txt").read_text() == "b 0"  # the edit is in the last safety checkpoint
+
+
 def test_compaction_leaves_a_damaged_pack_in_place_and_loses_nothing_intact(tmp_path: Path, monkeypatch) -> None:
     """`gc --compact` on a store whose closed pack has a damaged record header in its durable part:
     the pack is not compacted away (its unindexed records are the only copy), what is indexed stays

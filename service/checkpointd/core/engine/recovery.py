@@ -84,8 +84,9 @@ class Recovery:
     def resume(self, entry: JournalEntry) -> None:
         """Brings the paths an unfinished rollback covers to its goal (the target; for an undo, the
         safety checkpoint, at the paths that still hold what the rollback wrote), then drops its
-        entry. If the workspace is no longer what the safety checkpoint holds (the rollback got
-        part-way, or someone wrote since), it is recorded as a new safety checkpoint first. An
+        entry. If the workspace is no longer what this rollback's newest safety checkpoint holds (the
+        rollback got part-way, or someone wrote since), it is recorded as a new safety checkpoint
+        first: once per change, however often an attempt fails. An
         entry whose plan moved on is dropped unapplied. Called with the plan's lock and the store's
         ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
         parts = self.parts
@@ -122,7 +123,7 @@ class Recovery:
                                  labels={"rollback_target": goal.checkpoint_id},
                                  rollback_target_checkpoint_id=goal.checkpoint_id)
                 write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
-                parts.journal.put(replace(entry, last_sequence=safety.sequence), session)
+                parts.journal.put(replace(entry, last_sequence=safety.sequence, safety_tree=capture.tree), session)
                 session.commit()
                 parts.capturer.record(plan.workspace_root, capture.tree)
             if changes:

@@ -9,7 +9,8 @@ this server when it starts, and any server on the database before it creates a c
 rolls back or diffs against the live workspace of that plan (under the plan's lock): ``COMPLETE``
 brings the paths the rollback covers to its target checkpoint, ``UNDO`` takes back what the
 rollback had written (only paths that still hold it). Either way it first records what the
-workspace holds, if that is not what the safety checkpoint holds, as a new safety checkpoint.
+workspace holds, if that is not what the rollback's newest safety checkpoint holds, as a new
+safety checkpoint.
 
 An entry is never applied once its plan has moved on: a checkpoint newer than the last one the
 rollback recorded means some server went on with the plan (one that predates this journal, or
@@ -71,7 +72,8 @@ class JournalEntry:
     workspace_root: str
     target_checkpoint_id: str
     safety_checkpoint_id: str
-    #: The safety checkpoint's tree: a workspace still equal to it was not changed yet.
+    #: The tree of the newest safety checkpoint recorded for this rollback (its own, or one its
+    #: recovery recorded): a workspace still equal to it needs no new one.
     safety_tree: str
     #: The request's path subset ('' entries never occur; empty means the whole workspace).
     paths: tuple[str, ...]
