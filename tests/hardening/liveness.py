@@ -4,6 +4,7 @@ else is stuck."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -18,15 +19,31 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 BOUND_SECONDS = 0.1
 #: A probe that takes this long has stalled (its deadline; a stalled server fails, never hangs the test).
 STALLED_SECONDS = 5.0
+#: The share of each kind of probe that must answer within the bound. A stall holds up every call of
+#: its kind; one call held up by the machine (two cores, a test suite beside it) is not a stall, and
+#: a single slow call in 120 failed CI once (274 ms) while the server was not stalled.
+WITHIN_BOUND_SHARE = 0.9
+
+
+def over_bound(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Kinds of call whose 90th-percentile time (nearest rank) reached the bound: that time and the
+    slowest, in ms. Every call must also have answered, within STALLED_SECONDS (its deadline)."""
+    over = {}
+    for kind, took in samples.items():
+        ordered = sorted(took)
+        percentile = ordered[math.ceil(WITHIN_BOUND_SHARE * len(ordered)) - 1]
+        if percentile >= BOUND_SECONDS:
+            over[kind] = {"p90": round(percentile * 1000, 1), "slowest": round(ordered[-1] * 1000, 1)}
+    return over
 
 
 @dataclass
 class Probes:
-    """Calls that must keep answering within the bound; ``slowest`` per kind of call."""
+    """Calls that must keep answering within the bound; ``samples``: their times per kind of call."""
 
     server: object
     plans: int = 2
-    slowest: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
     rounds: int = 0
 
     def __post_init__(self) -> None:
@@ -55,7 +72,7 @@ class Probes:
             call()
             took = time.perf_counter() - started
             if timed:
-                self.slowest[kind] = max(self.slowest.get(kind, 0.0), took)
+                self.samples.setdefault(kind, []).append(took)
         if timed:
             self.rounds += 1
 
@@ -64,12 +81,15 @@ class Probes:
         deadline = time.monotonic() + give_up_seconds
         done = 0
         while done < rounds or not until():
-            assert time.monotonic() < deadline, f"gave up waiting after {done} rounds; slowest: {self.slowest}"
+            assert time.monotonic() < deadline, f"gave up waiting after {done} rounds; slowest: {self.slowest()}"
             self._round()
             done += 1
 
+    def slowest(self) -> dict[str, float]:
+        return {kind: max(took) for kind, took in self.samples.items()}
+
     def assert_within_bound(self) -> None:
-        over = {kind: round(took * 1000, 1) for kind, took in self.slowest.items() if took >= BOUND_SECONDS}
+        over = over_bound(self.samples)
         assert not over, f"calls slower than {BOUND_SECONDS * 1000:.0f} ms (ms) over {self.rounds} rounds: {over}"
 
     def close(self) -> None:
