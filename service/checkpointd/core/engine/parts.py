@@ -17,12 +17,13 @@ from checkpointd.core.capture.watcher import Watcher
 from checkpointd.core.capture.watcher import available as watcher_available
 from checkpointd.core.config.registry import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES, ConfigStore
 from checkpointd.core.engine.plan_registry import PlanRegistry
-from checkpointd.core.engine.records import KnownPlan, write_checkpoints
+from checkpointd.core.engine.records import KnownPlan, NewCheckpoint, write_checkpoints
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import InvalidArgument, NotFound, Reason
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
+from checkpointd.core.metadata.rows import RowWriter
 from checkpointd.core.restore.journal import RollbackJournal
 from checkpointd.core.restore.restorer import Restorer
 from checkpointd.core.store.content_store import Batch, ContentStore
@@ -50,9 +51,16 @@ class EngineParts:
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
         self.restorer = Restorer(store, self.trees)
         self.registry = PlanRegistry(db, settings.allowed_roots)
-        self.new_checkpoints = db.group_commit(write_checkpoints)
+        self.new_checkpoints = db.group_commit(self.write_checkpoints)
         self._data_dir = os.path.realpath(settings.data_dir)
         self.journal = RollbackJournal(db)
+
+    def write_checkpoints(self, rows: RowWriter, new: list[NewCheckpoint]) -> None:
+        """Numbers and inserts new checkpoints (``records.write_checkpoints``) in a transaction that
+        confirms the store's GC fence held since their objects were written and their plans'
+        locks since they were captured."""
+        self.store.confirm_fence(rows)
+        write_checkpoints(rows, new, self.registry.confirm_locks)
 
     def close(self) -> None:
         """Writes what waits in the group commit, then stops the snapshot engine's reader

@@ -13,9 +13,10 @@ from sqlmodel import Session
 
 from checkpointd.core.engine.plan_locks import PlanLocks
 from checkpointd.core.engine.records import KnownPlan
-from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Reason
-from checkpointd.core.metadata.db import Database
+from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Reason, Unavailable
+from checkpointd.core.metadata.db import Database, LockHolder
 from checkpointd.core.metadata.models import PlanRow
+from checkpointd.core.metadata.rows import RowWriter
 
 #: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
 MAX_REMEMBERED_PLANS = 100_000
@@ -28,6 +29,8 @@ class PlanRegistry:
         self._plans_guard = threading.Lock()
         #: In-process plan locks; a call from the event loop never waits for one in a thread.
         self.locks = PlanLocks()
+        #: Plans whose lock across replicas this process holds now: the session holding each.
+        self._held: dict[str, LockHolder] = {}
         self._allowed = tuple(os.path.realpath(r) for r in allowed_roots)
 
     def try_lock(self, plan_id: str) -> Callable[[], None] | None:
@@ -40,8 +43,35 @@ class PlanRegistry:
         """Serializes one plan's operations, capture to commit: this process's callers queue on an
         in-process lock (holding no database connection; see ``PlanLocks`` for callers on the event
         loop), then replicas on a database advisory lock."""
-        with self.locks.hold(plan_id), self.db.advisory_lock(f"plan:{plan_id}"):
-            yield
+        with self.locks.hold(plan_id), self.db.advisory_lock(f"plan:{plan_id}") as replicas:
+            if replicas.holder is None:
+                yield
+                return
+            self._held[plan_id] = replicas.holder
+            try:
+                yield
+            finally:
+                del self._held[plan_id]
+
+    def confirm_locks(self, rows: RowWriter, plan_ids: list[str]) -> None:
+        """Called in the transaction that commits checkpoints of ``plan_ids``, once it has locked
+        their plans' rows (numbering them). A plan's lock across replicas is a session-level lock
+        that the database may end (a failover, a pooler's restart, an administrator, a timeout),
+        and another replica may then act on the plan (roll it back while this one captures it):
+        a lock no longer held by the session that took it refuses the commit (``LOCK_LOST``,
+        retryable). One still held was held throughout, and the plan's row, locked until the
+        commit, keeps any other replica's checkpoint, and so its rollback, behind it."""
+        holders = [self._held[plan_id] for plan_id in plan_ids if plan_id in self._held]
+        if not holders:
+            return
+        held = rows.advisory_locks_held(sorted({holder.pid for holder in holders}))
+        for plan_id in plan_ids:
+            holder = self._held.get(plan_id)
+            if holder is not None and (holder.key, holder.pid, holder.backend_start) not in held:
+                raise Unavailable(Reason.LOCK_LOST,
+                                  f"the database ended the session holding plan {plan_id}'s lock, and another "
+                                  "replica may have acted on the plan meanwhile; nothing was recorded, retry",
+                                  plan_id=plan_id, lock=f"plan:{plan_id}")
 
     def remembered(self, plan_id: str) -> KnownPlan | None:
         return self._plans.get(plan_id)

@@ -15,7 +15,7 @@ from sqlmodel import Session
 
 from checkpointd.core.engine.idempotency import forget_rollback
 from checkpointd.core.engine.parts import EngineParts
-from checkpointd.core.engine.records import OPERATIONS, NewCheckpoint, new_row, write_checkpoints
+from checkpointd.core.engine.records import OPERATIONS, NewCheckpoint, new_row
 from checkpointd.core.engine.restoring import plan_restore, safety_state, seen_by_capture
 from checkpointd.core.kernel.errors import CheckpointdError, Reason, RollbackUnfinished
 from checkpointd.core.kernel.faults import Point, crash_point
@@ -122,7 +122,7 @@ class Recovery:
                                              f"{entry.target_checkpoint_id}",
                                  labels={"rollback_target": goal.checkpoint_id},
                                  rollback_target_checkpoint_id=goal.checkpoint_id)
-                write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
+                parts.write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
                 parts.journal.put(replace(entry, last_sequence=safety.sequence, safety_tree=capture.tree), session)
                 session.commit()
                 parts.capturer.record(plan.workspace_root, capture.tree)

@@ -15,7 +15,7 @@ from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.idempotency import fingerprint, forget_rollback, record_operation, replayed
 from checkpointd.core.engine.nesting import nested_workspaces, refusal
 from checkpointd.core.engine.parts import EngineParts, path_subset
-from checkpointd.core.engine.records import NewCheckpoint, new_row, write_checkpoints
+from checkpointd.core.engine.records import NewCheckpoint, new_row
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint, RollbackRequest, RollbackResult, Scope
 from checkpointd.core.engine.restoring import errno_name, plan_restore, safety_state, seen_by_capture
@@ -111,7 +111,7 @@ class Rollbacks:
                          source_tool="checkpointd", description=f"before rollback to {checkpoint_id}",
                          labels={"rollback_target": checkpoint_id},
                          rollback_target_checkpoint_id=checkpoint_id)
-        write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
+        parts.write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
         winner = record_operation(session, request_id, "Rollback", request_fingerprint,
                                   {"safety_checkpoint_id": safety.checkpoint_id,
                                    "changes": [_change_json(c) for c in changes]})

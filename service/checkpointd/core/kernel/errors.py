@@ -46,6 +46,7 @@ class Reason(enum.StrEnum):
     NOT_A_FILE = "NOT_A_FILE"
     NESTED_WORKSPACE = "NESTED_WORKSPACE"
     NOT_A_DIRECTORY = "NOT_A_DIRECTORY"
+    LOCK_LOST = "LOCK_LOST"
 
 
 class Kind(enum.Enum):

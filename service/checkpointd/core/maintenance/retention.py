@@ -358,6 +358,9 @@ class Maintenance:
                 if not dry_run:
                     try:
                         self.store.delete(digest)
+                    except Postponed as lost:
+                        raise GcAborted(f"garbage collection stopped after deleting {deleted} objects: "
+                                        f"{lost}") from lost
                     except DataLoss as damaged:
                         # A delta over it cannot be read to be stored whole: the base is kept (the
                         # delta may yet be repaired) and the rest is collected; fsck reports it.

@@ -16,6 +16,8 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from alembic import command
@@ -347,6 +349,8 @@ class AdvisoryLock:
     def __init__(self, engine: Engine | None, key: int, shared: bool) -> None:
         self._engine = engine
         self._key = key
+        #: While held: the session that holds it (see ``LockHolder``).
+        self.holder: LockHolder | None = None
         self._lock_sql = self._LOCK_SQL[shared]
         self._unlock_sql = self._UNLOCK_SQL[shared]
         self._try_lock_sql = self._TRY_LOCK_SQL[shared]
@@ -383,14 +387,24 @@ class AdvisoryLock:
             if not taken:
                 connection.close()
                 return False
+            try:
+                holder = LockHolder(self._key, *_session_of(connection))
+            except BaseException as exc:
+                connection.invalidate()  # ends the session, and so the lock
+                connection.close()
+                if isinstance(exc, driver_error):
+                    raise DBAPIError.instance("backend_start", (), exc, driver_error) from exc
+                raise
             with self._guard:
                 self._connection = connection
+                self.holder = holder
             return True
         return False
 
     def release(self) -> None:
         with self._guard:
             connection, self._connection = self._connection, None
+            self.holder = None
         if connection is None:
             return
         try:
@@ -401,12 +415,50 @@ class AdvisoryLock:
         finally:
             connection.close()
 
+    def run_in_session(self, statements: list[tuple[str, tuple[object, ...]]]) -> None:
+        """Runs driver statements in one transaction on the session holding this lock (which must
+        be held): they commit only while it holds the lock, as a session the database ended can
+        commit nothing."""
+        with self._guard:
+            connection = self._connection
+        if connection is None:
+            raise RuntimeError("run_in_session needs the lock held")
+        driver = connection.driver_connection
+        driver_error = self._engine.dialect.loaded_dbapi.Error
+        try:
+            with driver.transaction():
+                for statement, parameters in statements:
+                    driver.execute(statement, parameters)
+        except driver_error as exc:
+            raise DBAPIError.instance(statements[0][0] if statements else "", (), exc, driver_error) from exc
+
     def __enter__(self) -> AdvisoryLock:
         self.acquire()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """An advisory lock as held by one session: a session-level lock is lost only with its
+    session (the database may end one: a failover, a pooler, an administrator, a timeout), and
+    a session is told apart from a later one that got its pid by its start time."""
+
+    key: int
+    pid: int
+    backend_start: datetime
+
+
+def _session_of(connection: PoolProxiedConnection) -> tuple[int, datetime]:
+    """(pid, start time) of a pooled connection's session; the start is read once per connection."""
+    driver = connection.driver_connection
+    start = connection.info.get("backend_start")
+    if start is None:
+        start = connection.info["backend_start"] = driver.execute(
+            "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()[0]
+    return driver.info.backend_pid, start
 
 
 #: The lock of a database without advisory locks (SQLite): taking it does nothing, so one serves all.

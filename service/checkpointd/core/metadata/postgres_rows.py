@@ -7,10 +7,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
-from sqlalchemy import Column, Engine, Table
+from sqlalchemy import Column, Engine, Executable, Table
 from sqlalchemy.exc import DBAPIError
 
-from checkpointd.core.metadata.rows import DedicatedConnection, increment_statement, insert_statement, was_dropped
+from checkpointd.core.metadata.rows import (
+    ADVISORY_LOCKS_HELD,
+    XACT_LOCK_SHARED,
+    DedicatedConnection,
+    increment_statement,
+    insert_statement,
+    signed_key,
+    was_dropped,
+)
 
 
 class PostgresRows(DedicatedConnection):
@@ -83,3 +91,24 @@ class PostgresRows(DedicatedConnection):
             self._cursor.executemany(compiled.sql, [compiled.parameters(row) for row in rows])
         except psycopg.Error as error:
             raise DBAPIError.instance(compiled.sql, (), error, psycopg.Error) from error
+
+    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
+        lock, read = self._compile(XACT_LOCK_SHARED), self._compile(statement)
+        try:
+            self._driver.execute(lock.sql, lock.parameters({"key": lock_key}))
+            self._cursor.execute(read.sql, read.parameters({}))
+            self._pipeline.sync()
+            row = self._cursor.fetchone()
+        except psycopg.Error as error:
+            raise DBAPIError.instance(read.sql, (), error, psycopg.Error) from error
+        return row[0]
+
+    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
+        compiled = self._compile(ADVISORY_LOCKS_HELD)
+        try:
+            self._cursor.execute(compiled.sql, compiled.parameters({"pids": pids}))
+            self._pipeline.sync()
+            rows = self._cursor.fetchall()
+        except psycopg.Error as error:
+            raise DBAPIError.instance(compiled.sql, (), error, psycopg.Error) from error
+        return {(signed_key(key), pid, start) for key, pid, start in rows}

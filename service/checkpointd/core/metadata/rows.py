@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from sqlalchemy import Column, Connection, Engine, Executable, Table, bindparam, insert, update
+from sqlalchemy import Column, Connection, Engine, Executable, Table, bindparam, func, insert, text, update
+from sqlalchemy import select as sql_select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
@@ -27,6 +28,32 @@ class RowWriter(Protocol):
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
 
+    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
+        """On PostgreSQL, takes the advisory lock ``lock_key`` shared until the transaction ends
+        (waiting while another session holds it exclusively), then runs ``statement`` (a statement
+        of its own: its snapshot shows what that holder committed) and returns its one value. On
+        SQLite (one server, one writer at a time), only runs the statement."""
+
+
+    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
+        """On PostgreSQL, the advisory locks held now by the sessions ``pids``: (key, pid, session
+        start) each. Not called on SQLite (no advisory locks)."""
+
+
+#: Takes an advisory lock shared for the rest of the transaction (``scalar_under_shared_lock``).
+XACT_LOCK_SHARED = sql_select(func.pg_advisory_xact_lock_shared(bindparam("key")))
+#: ``advisory_locks_held``: pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits.
+ADVISORY_LOCKS_HELD = text(
+    "SELECT ((l.classid::bigint << 32) | l.objid::bigint), l.pid, a.backend_start "
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = ANY(:pids) "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+
+
+def signed_key(unsigned: int) -> int:
+    """A lock key read back from pg_locks as the signed 64-bit value it was taken with."""
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+
 
 class CoreRows:
     """A RowWriter on a SQLAlchemy connection: any database, and inside ORM sessions."""
@@ -41,6 +68,15 @@ class CoreRows:
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         self.connection.execute(insert_statement(table), rows)
+
+    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
+        if self.connection.dialect.name == "postgresql":
+            self.connection.execute(XACT_LOCK_SHARED, {"key": lock_key})
+        return self.connection.execute(statement).scalar_one()
+
+    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
+        return {(signed_key(key), pid, start)
+                for key, pid, start in self.connection.execute(ADVISORY_LOCKS_HELD, {"pids": pids})}
 
 
 #: The writers' statements by what they do: building one costs more than running it.
@@ -173,6 +209,13 @@ class SqliteRows(DedicatedConnection):
         compiled = self._compile(insert_statement(table))
         for row in rows:
             self._run(compiled.sql, compiled.parameters(row))
+
+    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
+        compiled = self._compile(statement)
+        return self._run(compiled.sql, compiled.parameters({})).fetchone()[0]
+
+    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
+        raise NotImplementedError("SQLite has no advisory locks")
 
 
 def was_dropped(connection) -> bool:

@@ -46,6 +46,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zstandard
 
@@ -73,6 +74,9 @@ from checkpointd.core.store.packs import (
 )
 from checkpointd.core.store.similar import SimilarIndex, anchors
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
+
+if TYPE_CHECKING:
+    from checkpointd.core.metadata.rows import RowWriter
 
 log = logging.getLogger("checkpointd.store")
 
@@ -268,6 +272,11 @@ class ContentStore(PackReplay, Compaction):
         """``referencing`` without waiting (for an event loop): its release, or None while
         garbage collection holds the store."""
         return self._gc_fence.try_shared()
+
+    def confirm_fence(self, rows: RowWriter) -> None:
+        """Called in the transaction that commits rows referencing objects (see the database
+        store's): this store's fence is this process's own lock, which nothing takes away."""
+        return None
 
     def collecting(self, patience: float | None = None) -> contextlib.AbstractContextManager[None]:
         """Held by garbage collection: no checkpoint is between its objects and its row. With a

@@ -35,11 +35,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
-from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.db import AdvisoryLock, Database
 from checkpointd.core.metadata.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
-from checkpointd.core.store.content_store import ContentStore, SharedExclusiveLock, run_finish_callbacks
+from checkpointd.core.store.content_store import ContentStore, Postponed, SharedExclusiveLock, run_finish_callbacks
 from checkpointd.core.store.packs import zlib_decompress
-from checkpointd.core.store.replica_fence import ReplicaFence
+from checkpointd.core.store.replica_fence import FENCE_LOCK, ReplicaFence
 
 _RAW = "R"
 _ZLIB = "Z"
@@ -55,6 +55,10 @@ _SQLSTATE_RESOURCES = "53"
 _objects = ObjectRow.__table__
 _chunks = ObjectChunkRow.__table__
 _state = ContentStoreStateRow.__table__
+#: A collection's writes on PostgreSQL, run by the driver on its lock's session (``delete``).
+_BUMP_GC_EPOCH = f"UPDATE {_state.name} SET gc_epoch = gc_epoch + 1 WHERE id = 1"
+_DELETE_OBJECT = f"DELETE FROM {_objects.name} WHERE digest = %s"
+_DELETE_CHUNKS = f"DELETE FROM {_chunks.name} WHERE digest = %s"
 
 
 class StoreKind(enum.StrEnum):
@@ -110,7 +114,7 @@ class DatabaseStore(ReplicaFence):
         self._staged: dict[str, _Staged] = {}
         self._staged_lock = threading.Lock()
         self._local_fence = SharedExclusiveLock()
-        self._replica_fence = db.advisory_lock("content-store-gc", shared=True)
+        self._replica_fence = db.advisory_lock(FENCE_LOCK, shared=True)
         #: Guards the replica fence's state below and ``_known``.
         self._fence = threading.Condition()
         #: This process's users of the replica fence: token -> when it entered (monotonic seconds).
@@ -118,6 +122,10 @@ class DatabaseStore(ReplicaFence):
         self._fence_held_since: float | None = None
         self._fence_last_left = 0.0
         self._fence_keeper: threading.Thread | None = None
+        #: A commit found the fence's session lost (``confirm_fence``): it is taken afresh.
+        self._fence_lost = False
+        #: While a collection runs here on PostgreSQL: its exclusive lock, whose session deletes.
+        self._collector_lock: AdvisoryLock | None = None
         self._closed = False
         #: Digests seen committed. Trusted only while this process holds the replica fence,
         #: during which no replica can collect; forgotten when a collection happened meanwhile.
@@ -139,7 +147,7 @@ class DatabaseStore(ReplicaFence):
 
     def _seen(self, digest: str) -> bool:
         """Known committed without asking the database (trusted while the replica fence is held)."""
-        return self._fence_held_since is not None and digest in self._known
+        return self._fence_held_since is not None and not self._fence_lost and digest in self._known
 
     def has(self, digest: str) -> bool:
         generation = self._generation
@@ -235,11 +243,22 @@ class DatabaseStore(ReplicaFence):
         with self._fence:
             self._forget_known()
             self._deletions += 1
-        with self.db.engine.begin() as connection:
-            if not self._epoch_bumped:
-                connection.execute(update(_state).where(_state.c.id == 1).values(gc_epoch=_state.c.gc_epoch + 1))
-            connection.execute(delete(_objects).where(_objects.c.digest == digest))
-            connection.execute(delete(_chunks).where(_chunks.c.digest == digest))
+        collector = self._collector_lock
+        if collector is not None and collector.holder is not None:
+            # PostgreSQL: on the session holding the collection's lock (see ``collecting``).
+            statements = [] if self._epoch_bumped else [(_BUMP_GC_EPOCH, ())]
+            try:
+                collector.run_in_session([*statements, (_DELETE_OBJECT, (digest,)), (_DELETE_CHUNKS, (digest,))])
+            except DBAPIError as exc:
+                raise Postponed(f"the database ended the session holding the collection's lock ({exc.orig}); "
+                                f"{digest} and the rest were not deleted") from exc
+        else:
+            with self.db.engine.begin() as connection:
+                if not self._epoch_bumped:
+                    connection.execute(update(_state).where(_state.c.id == 1)
+                                       .values(gc_epoch=_state.c.gc_epoch + 1))
+                connection.execute(delete(_objects).where(_objects.c.digest == digest))
+                connection.execute(delete(_chunks).where(_chunks.c.digest == digest))
         self._epoch_bumped = True
 
     def stored_size(self, digest: str) -> int | None:

@@ -12,10 +12,16 @@ from collections.abc import Callable, Iterator
 
 from sqlalchemy import select
 
+from checkpointd.core.kernel.errors import Reason, Unavailable
+from checkpointd.core.metadata.db import lock_key
 from checkpointd.core.metadata.models import ContentStoreStateRow
+from checkpointd.core.metadata.rows import RowWriter
 from checkpointd.core.store.content_store import Postponed
 
 _state = ContentStoreStateRow.__table__
+#: The advisory lock every replica's captures hold shared and a collection takes exclusively.
+FENCE_LOCK = "content-store-gc"
+_READ_GC_EPOCH = select(_state.c.gc_epoch).where(_state.c.id == 1)
 #: The replica fence stays held this long after its last user, so that back-to-back checkpoints
 #: do not each take and drop a database lock...
 _FENCE_LINGER_SECONDS = 0.2
@@ -50,6 +56,26 @@ class ReplicaFence:
         """Always None: taking the fence may wait for the database (see ``referencing``)."""
         return None
 
+    def confirm_fence(self, rows: RowWriter) -> None:
+        """Called in the transaction that commits rows referencing objects, under ``referencing``.
+        The replica fence is a session-level lock: if the database ended its session (a failover,
+        a pooler's restart, an administrator, a timeout), another replica's collection may have
+        deleted objects these rows reference, unseen. The transaction holds the fence's lock shared
+        until it ends (a collection under way is waited for; none can begin before it commits, and
+        one that begins after sees its rows), then reads the GC epoch, which a collection bumps when
+        it first deletes: changed since this process took the fence, the rows are refused
+        (``LOCK_LOST``, retryable) and the fence is taken afresh once its present users are done."""
+        epoch = rows.scalar_under_shared_lock(lock_key(FENCE_LOCK), _READ_GC_EPOCH)
+        if epoch == self._gc_epoch:
+            return
+        with self._fence:
+            self._fence_lost = True
+            self._forget_known()
+        raise Unavailable(Reason.LOCK_LOST,
+                          "the database ended the session holding this server's content-store fence and "
+                          "another replica collected garbage meanwhile; nothing was recorded, retry",
+                          lock=FENCE_LOCK)
+
     def _enter_replica_fence(self) -> object:
         """Joins this process's hold of the replica fence (taking it if none): a token for ``_leave``."""
         with self._fence:
@@ -59,7 +85,7 @@ class ReplicaFence:
                 oldest = min(self._fence_users.values())
                 self._fence.wait_for(lambda: not self._fence_users or self._fence_held_since is None,
                                      timeout=oldest + _FENCE_TURN_SECONDS - time.monotonic())
-            if self._fence_turn_is_over() and not self._fence_users:
+            if (self._fence_turn_is_over() or self._fence_lost) and not self._fence_users:
                 self._let_go_of_replica_fence()
                 self._give_way_to_a_collection()
             if self._fence_held_since is None:
@@ -97,6 +123,7 @@ class ReplicaFence:
         except BaseException:
             self._replica_fence.release()
             raise
+        self._fence_lost = False
         if epoch != self._gc_epoch:
             self._forget_known()
             if self._gc_epoch is not None:
@@ -134,12 +161,14 @@ class ReplicaFence:
         its row. With a ``patience``, ``Postponed`` rather than wait longer on a capture of this
         process (as ``ContentStore.collecting``) or on the other replicas' fences. The GC epoch is
         bumped by the first ``delete`` (a collection that deletes nothing leaves every replica's
-        caches, and so its incremental captures, alone)."""
+        caches, and so its incremental captures, alone). Deletions run on the session holding the
+        exclusive lock: if the database ends it, none commits (another replica may hold the fence
+        by then, and have committed references to what this collection marked unreferenced)."""
         with self._local_fence.exclusive(patience):
             with self._fence:
                 if self._fence_held_since is not None:
                     self._let_go_of_replica_fence()
-            exclusive = self.db.advisory_lock("content-store-gc")
+            exclusive = self.db.advisory_lock(FENCE_LOCK)
             wanted = self.db.advisory_lock(_COLLECTION_WANTED)
             asking = wanted.acquire(wait=False)
             try:
@@ -149,8 +178,10 @@ class ReplicaFence:
                     wanted.release()
             try:
                 self._epoch_bumped = False
+                self._collector_lock = exclusive
                 yield
             finally:
+                self._collector_lock = None
                 exclusive.release()
 
     @staticmethod
@@ -165,4 +196,4 @@ class ReplicaFence:
 
     def _read_gc_epoch(self) -> int:
         with self.db.engine.connect() as connection:
-            return connection.execute(select(_state.c.gc_epoch).where(_state.c.id == 1)).scalar_one()
+            return connection.execute(_READ_GC_EPOCH).scalar_one()
