@@ -23,6 +23,13 @@ const DEFAULT_DEADLINE_MS = 5000;
  */
 const DEFAULT_WATCH_DEADLINE_MS = 10 * 60 * 1000;
 
+/**
+ * Largest response accepted: the server's send limit (its responses carry up to 16 MiB of state,
+ * pages of records and change lists), where gRPC's default of 4 MiB would make some acknowledged
+ * checkpoints unreadable.
+ */
+const MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+
 /** Retry UNAVAILABLE only: every retried mutation carries a request_id or is idempotent by nature. */
 const SERVICE_CONFIG = JSON.stringify({
   methodConfig: [
@@ -160,7 +167,12 @@ class CheckpointdClient {
     this.target = target;
     const contract = loadContract();
     this.vocabulary = contract.vocabulary;
-    const allOptions = { 'grpc.service_config': SERVICE_CONFIG, 'grpc.enable_retries': 1, ...channelOptions };
+    const allOptions = {
+      'grpc.service_config': SERVICE_CONFIG,
+      'grpc.enable_retries': 1,
+      'grpc.max_receive_message_length': MAX_RESPONSE_BYTES,
+      ...channelOptions,
+    };
     this.checkpoints = new contract.CheckpointService(target, credentials, allOptions);
     this.config = new contract.ConfigService(target, credentials, {
       ...allOptions,
@@ -625,4 +637,4 @@ function checkDeadline(deadlineMs) {
   return deadlineMs;
 }
 
-module.exports = { CheckpointdClient, ConfigWatch, DEFAULT_DEADLINE_MS, DEFAULT_WATCH_DEADLINE_MS };
+module.exports = { CheckpointdClient, ConfigWatch, DEFAULT_DEADLINE_MS, DEFAULT_WATCH_DEADLINE_MS, MAX_RESPONSE_BYTES };

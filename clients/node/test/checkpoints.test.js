@@ -31,6 +31,15 @@ for (const transport of ['tcp', 'unix']) {
     });
     after(() => client.close());
 
+    test('a state larger than gRPC\'s default 4 MiB receive limit reads back whole', async () => {
+      const planId = newUlid();
+      const state = Buffer.alloc(6 * 1024 * 1024);
+      for (let i = 0; i < state.length; i += 4096) state.writeUInt32BE(i, i);
+      const created = await client.createCheckpoint(planId, { state });
+      const full = await client.getCheckpoint(created.checkpointId, { view: 'full' });
+      assert.ok(full.state.equals(state), 'the state read back is the one recorded');
+    });
+
     test('create, get and list record the workspace and state', async () => {
       const planId = newUlid();
       const workspace = server.newWorkspace();

@@ -32,6 +32,13 @@ RETRY_MAX_ATTEMPTS = 4
 #: Deadline of a whole ReadCheckpointFile or ExportCheckpoint stream (a large tree takes a while).
 DEFAULT_STREAM_DEADLINE_S = 600.0
 RECONNECT_BACKOFF_MS = (100, 1000)
+#: Largest response accepted: the server's send limit (its responses carry up to 16 MiB of state,
+#: pages of records and change lists), where gRPC's default of 4 MiB would make some acknowledged
+#: checkpoints unreadable.
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: The server's limits on one PutPendingWrites call: writes, and their values' bytes in total.
+MAX_WRITES_PER_CALL = 1000
+MAX_WRITE_BYTES_PER_CALL = 16 * 1024 * 1024
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 Checkpoint = checkpoint_service_pb2.Checkpoint
@@ -115,12 +122,29 @@ def open_channel(
         # than gRPC's default exponential backoff of up to two minutes.
         ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
         ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+        ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
     ]
     if credentials is None:
         return grpc.insecure_channel(target, options=options)
     if server_name is not None:
         options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.secure_channel(target, credentials, options=options)
+
+
+def _write_batches(
+        writes: Sequence[checkpoint_service_pb2.PendingWrite]) -> Iterator[list[checkpoint_service_pb2.PendingWrite]]:
+    """``writes`` in runs the server takes in one PutPendingWrites call (one write alone always
+    makes a run: one over the byte limit is the server's to refuse)."""
+    run: list[checkpoint_service_pb2.PendingWrite] = []
+    size = 0
+    for write in writes:
+        if run and (len(run) == MAX_WRITES_PER_CALL or size + len(write.value) > MAX_WRITE_BYTES_PER_CALL):
+            yield run
+            run, size = [], 0
+        run.append(write)
+        size += len(write.value)
+    if run or not writes:
+        yield run
 
 
 def new_request_id() -> str:
@@ -241,9 +265,12 @@ class CheckpointClient:
         self, checkpoint_id: str, writes: Sequence[checkpoint_service_pb2.PendingWrite], *, timeout: float | None = None
     ) -> None:
         """Record writes that follow a checkpoint; a repeated (task_id, index) keeps its first value
-        when the index is 0 or more and takes the new one when it is negative."""
-        request = checkpoint_service_pb2.PutPendingWritesRequest(checkpoint_id=checkpoint_id, writes=writes)
-        self._rpc.unary("PutPendingWrites", self._stub.PutPendingWrites, request, timeout)
+        when the index is 0 or more and takes the new one when it is negative. Sent in as many calls
+        as the server's limits per call need (a task may write more than those): should one fail,
+        calling again with the same writes finishes the job, as the calls are idempotent."""
+        for part in _write_batches(writes):
+            request = checkpoint_service_pb2.PutPendingWritesRequest(checkpoint_id=checkpoint_id, writes=part)
+            self._rpc.unary("PutPendingWrites", self._stub.PutPendingWrites, request, timeout)
 
     def list_pending_writes(
         self, checkpoint_id: str, *, timeout: float | None = None

@@ -49,6 +49,9 @@ PRUNE_STRATEGIES = ("keep_latest", "delete")
 REMEMBERED_CHECKPOINTS = 4096
 #: checkpointd's limit on the terms of a filter.
 MAX_FILTER_TERMS = 16
+#: Records asked for per ListCheckpoints call: LangGraph copies a run's metadata into every
+#: checkpoint's labels, so a page of a long thread can be large.
+LIST_PAGE_SIZE = 100
 #: Keys LangGraph puts in the config of a running graph (langgraph._internal._constants).
 RUNTIME_KEY = "__pregel_runtime"
 DURABILITY_KEY = "__pregel_durability"
@@ -232,7 +235,7 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
         for record in candidates:
             found = self._load(record, ns)
             if found is not None:
-                return self._tuple(thread_id, found, self._writes(record.checkpoint_id))
+                return self._tuple(thread_id, found, self._writes(_same_checkpoint(record, candidates)))
         return None
 
     def list(
@@ -259,7 +262,12 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
                 # Records whose metadata did not fit in labels are judged on their state.
                 found += self._records(plan_id, ns=ns, checkpoint_id=checkpoint_id,
                                        extra={records.PARTIAL_LABEL: "true"})
-        candidates = _latest_first(list({record.checkpoint_id: record for record in found}.values()))
+        everything = _latest_first(list({record.checkpoint_id: record for record in found}.values()))
+        # A checkpoint put more than once (a retried put) is one checkpoint: its last put.
+        newest: dict[tuple[str, str], pb.Checkpoint] = {}
+        for record in everything:
+            newest.setdefault(_checkpoint_key(record), record)
+        candidates = list(newest.values())
         before_id = get_checkpoint_id(before) if before else None
         if before_id:
             candidates = [r for r in candidates if r.labels[CHECKPOINT_LABEL] < before_id]
@@ -273,7 +281,7 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
             metadata = self.serde.loads_typed(found.metadata)
             if filter and not all(key in metadata and _same(metadata[key], value) for key, value in filter.items()):
                 continue
-            yield self._tuple(found.thread_id, found, self._writes(record.checkpoint_id), metadata)
+            yield self._tuple(found.thread_id, found, self._writes(_same_checkpoint(record, everything)), metadata)
             yielded += 1
 
     def _records(self, plan_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
@@ -289,7 +297,7 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
             entry = records.metadata_label(key, value)
             if entry is not None and len(labels) < MAX_FILTER_TERMS:
                 labels[entry[0]] = entry[1]
-        return self.client.list_checkpoints(plan_id, filter_expr=label_filter(**labels), page_size=1000)
+        return self.client.list_checkpoints(plan_id, filter_expr=label_filter(**labels), page_size=LIST_PAGE_SIZE)
 
     def _load(self, record: pb.Checkpoint, ns: str | None) -> CheckpointEnvelope | None:
         full = self.client.get_checkpoint(record.checkpoint_id, full=True)
@@ -298,11 +306,20 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
             return None
         return envelope
 
-    def _writes(self, recorded: str) -> list[tuple[str, str, Any]]:
-        """The pending writes of a checkpointd checkpoint, in LangGraph's order (``writes_sort_key``:
-        the server's)."""
-        return [(w.task_id, w.channel, self.serde.loads_typed((w.value_type, w.value)))
-                for w in self.client.list_pending_writes(recorded)]
+    def _writes(self, recorded: list[pb.Checkpoint]) -> list[tuple[str, str, Any]]:
+        """The pending writes of a LangGraph checkpoint (those of each of its records, oldest first,
+        if it was put more than once: as the server does for one record, a repeated (task, index)
+        keeps its first value, or its last when the index is negative), in LangGraph's order
+        (``writes_sort_key``: the server's)."""
+        merged: dict[tuple[str, int], pb.PendingWrite] = {}
+        for record in sorted(recorded, key=lambda r: r.sequence):
+            for write in self.client.list_pending_writes(record.checkpoint_id):
+                key = (write.task_id, write.index)
+                if write.index < 0 or key not in merged:
+                    merged[key] = write
+        ordered = merged.values() if len(recorded) == 1 else sorted(
+            merged.values(), key=lambda w: (w.task_path, w.task_id, w.index))
+        return [(w.task_id, w.channel, self.serde.loads_typed((w.value_type, w.value))) for w in ordered]
 
     def _tuple(self, thread_id: str, envelope: CheckpointEnvelope, writes: list[tuple[str, str, Any]],
                metadata: CheckpointMetadata | None = None) -> CheckpointTuple:
@@ -333,17 +350,24 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
         """Copies every checkpoint and pending write of a thread, oldest first, as state: the files
         of the source thread's checkpoints are not copied (the target keeps its own workspace)."""
         source, target = thread_plan_id(str(source_thread_id)), thread_plan_id(str(target_thread_id))
+        # A copy retried (after one that failed part-way) skips the checkpoints it copied already,
+        # and puts their writes again (idempotent: they may not all have landed).
+        copied_before = {_checkpoint_key(record): record.checkpoint_id
+                         for record in sorted(self._records(target), key=lambda r: r.sequence)}
         for record in sorted(self._records(source), key=lambda r: r.sequence):
-            envelope = CheckpointEnvelope.loads(self.client.get_checkpoint(record.checkpoint_id, full=True).state)
-            if envelope is None:
-                continue
-            copied = CheckpointEnvelope(str(target_thread_id), envelope.ns, envelope.checkpoint_id,
-                                        envelope.parent_id, envelope.checkpoint, envelope.metadata)
-            created = self.client.create_checkpoint(target, source_tool=records.SOURCE_TOOL, labels=dict(record.labels),
-                                                    description=record.description, state=copied.dumps())
+            recorded = copied_before.get(_checkpoint_key(record))
+            if recorded is None:
+                envelope = CheckpointEnvelope.loads(self.client.get_checkpoint(record.checkpoint_id, full=True).state)
+                if envelope is None:
+                    continue
+                copied = CheckpointEnvelope(str(target_thread_id), envelope.ns, envelope.checkpoint_id,
+                                            envelope.parent_id, envelope.checkpoint, envelope.metadata)
+                recorded = self.client.create_checkpoint(
+                    target, source_tool=records.SOURCE_TOOL, labels=dict(record.labels),
+                    description=record.description, state=copied.dumps()).checkpoint_id
             writes = self.client.list_pending_writes(record.checkpoint_id)
             if writes:
-                self.client.put_pending_writes(created.checkpoint_id, writes)
+                self.client.put_pending_writes(recorded, writes)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` keeps the newest checkpoint of each namespace (and its writes);
@@ -420,6 +444,17 @@ def _same(stored: Any, wanted: Any) -> bool:
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+def _checkpoint_key(record: pb.Checkpoint) -> tuple[str, str]:
+    """The LangGraph checkpoint a record holds: (namespace, checkpoint id), as labelled."""
+    return record.labels.get(NAMESPACE_LABEL, ""), record.labels[CHECKPOINT_LABEL]
+
+
+def _same_checkpoint(record: pb.Checkpoint, found: list[pb.Checkpoint]) -> list[pb.Checkpoint]:
+    """``record`` and the other records of ``found`` that hold its LangGraph checkpoint."""
+    key = _checkpoint_key(record)
+    return [other for other in found if _checkpoint_key(other) == key] or [record]
 
 
 def _latest_first(found: list[pb.Checkpoint]) -> list[pb.Checkpoint]:

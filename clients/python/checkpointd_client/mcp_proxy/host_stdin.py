@@ -9,14 +9,43 @@ loop stop at once; the thread is left blocked in its read and dies with the proc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import sys
 import threading
-from typing import Self
+from typing import Any, Self
 
 import anyio
 from anyio.from_thread import run as run_in_event_loop
 from anyio.lowlevel import EventLoopToken, current_token
+
+#: A JSON escape of a UTF-16 surrogate (lone or half of a pair).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(line: str) -> str:
+    """``line`` with each lone UTF-16 surrogate escape (valid JSON, and what a JavaScript host's
+    JSON.stringify writes for such a string) replaced by U+FFFD, as invalid UTF-8 is: the SDK's
+    parser rejects them, and drops the message without an answer, so the host's call would hang."""
+    if _SURROGATE_ESCAPE.search(line) is None:
+        return line
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return line  # the SDK reports it as it reports any line that is not JSON
+    return json.dumps(_replaced(message), ensure_ascii=False) + ("\n" if line.endswith("\n") else "")
+
+
+def _replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_replaced(item) for item in value]
+    if isinstance(value, dict):
+        return {_replaced(key): _replaced(item) for key, item in value.items()}
+    return value
 
 
 class HostStdin:
@@ -38,7 +67,8 @@ class HostStdin:
         # Any failure means no more input: the event loop has ended, or the host's pipe broke.
         with contextlib.suppress(Exception), stream:
             for line in iter(stream.readline, b""):
-                run_in_event_loop(self._send.send, line.decode("utf-8", errors="replace"), token=self._token)
+                text = without_lone_surrogates(line.decode("utf-8", errors="replace"))
+                run_in_event_loop(self._send.send, text, token=self._token)
         with contextlib.suppress(Exception):
             run_in_event_loop(self._send.aclose, token=self._token)
 

@@ -7,6 +7,7 @@ be rolled back. Their results are plain text meant to be read by a model and a p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
 from functools import partial
@@ -157,7 +158,8 @@ def _paths(arguments: Mapping[str, Any]) -> list[str]:
 
 def _limit(arguments: Mapping[str, Any]) -> int:
     value = arguments.get("limit", DEFAULT_LIST_LIMIT)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value != int(value):
         raise InvalidArguments(f"limit must be an integer, got {value!r}")
     if not 1 <= value <= MAX_LIST_LIMIT:
         raise InvalidArguments(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {value!r}")
@@ -280,6 +282,13 @@ class UndoTools:
         return "\n".join(lines)
 
     def _diff_text(self, base_id: str, target_id: str, paths: list[str], patch: bool) -> str:
+        for checkpoint_id in filter(None, (base_id, target_id)):
+            # Diffs are of this session's plan only (as rollbacks are): another plan's checkpoint
+            # against "the workspace now" would show that plan's workspace, its files included.
+            owner = self._checkpoints.get_checkpoint(checkpoint_id, timeout=self._deadline_s).plan_id
+            if owner != self.plan_id:
+                raise InvalidArguments(f"checkpoint {checkpoint_id} is not one of this session's (plan "
+                                       f"{self.plan_id}); checkpoint_list shows them")
         changes = self._checkpoints.diff_checkpoints(base_id, target_id, paths=paths, text_diffs=patch,
                                                      timeout=self._deadline_s)
         target = f"checkpoint {target_id}" if target_id else "the workspace now"
