@@ -43,10 +43,18 @@ def test_metrics_count_calls_by_code_and_measure_checkpoints(ops_server):
         for _ in range(2):
             with pytest.raises(grpc.RpcError):
                 stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id="not-a-ulid"), timeout=10)
-    text = server.scrape()
-    after = _samples(text)
     service = "checkpoint.v1.CheckpointService"
     handled = "checkpointd_grpc_server_handled_total"
+    # A call is counted once its handler has returned, which may be just after its status reached
+    # the client (an abort): the count is awaited, then checked exactly.
+    def counted() -> str | None:
+        scraped = server.scrape()
+        failed = _value(_samples(scraped), handled, grpc_service=service, grpc_method="ListCheckpoints",
+                        grpc_code="INVALID_ARGUMENT")
+        return scraped if failed >= 2 else None
+
+    text = wait_until(counted, "the failed calls to be counted", timeout=10)
+    after = _samples(text)
     assert _value(after, handled, grpc_service=service, grpc_method="CreateCheckpoint", grpc_code="OK") == 1
     assert _value(after, handled, grpc_service=service, grpc_method="ListCheckpoints",
                   grpc_code="INVALID_ARGUMENT") == 2
