@@ -8,9 +8,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 from checkpoint.v1 import checkpoint_service_pb2_grpc
 from tests.conftest import PostgresDatabases, RunningServer
+from tests.postgres.replica_pair import Replica
 
 
 @pytest.fixture
@@ -80,3 +83,25 @@ def two_replicas(replicas: Replicas) -> tuple[Callable, Callable, Replicas]:
     first.start()
     second.start()
     return replicas.stub(first), replicas.stub(second), replicas
+
+
+@pytest.fixture
+def pair(pg_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica, Path]]:
+    """Two in-process replicas on one fresh PostgreSQL database, and the directory of their workspaces."""
+    workspaces = tmp_path / "workspaces"
+    workspaces.mkdir()
+    first = Replica(tmp_path, pg_url, workspaces, "a")
+    second = Replica(tmp_path, pg_url, workspaces, "b")
+    try:
+        yield first, second, workspaces
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.fixture
+def admin(pg_url: str) -> Iterator:
+    """A connection pool outside the replicas, to end their sessions (``replica_pair.end_session``)."""
+    engine = create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    yield engine
+    engine.dispose()

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.pool import NullPool
 
-from checkpointd.core.metadata.db import Database, _discard_if_dropped, lock_key
+from checkpointd.core.metadata.db import TCP_KEEPALIVES, Database, _discard_if_dropped, lock_key
 from tests.helpers import end_other_sessions
 
 
@@ -82,3 +82,19 @@ def test_a_lock_on_a_pooled_connection_the_server_ended_is_taken_on_a_new_one(da
     finally:
         lock.release()
     assert advisory_locks(admin, "plan:b") == []
+
+
+def test_connections_keep_tcp_alive_unless_the_url_says_otherwise(database: Database, pg_url: str) -> None:
+    """Locks and work are held on connections with TCP keepalives, so that one whose network
+    vanished (no farewell from the server) is seen dead in seconds; a URL's own setting wins."""
+    lock = database.advisory_lock("keepalive-probe")
+    with lock, database.engine.connect() as connection:
+        for driver in (lock._connection.driver_connection, connection.connection.driver_connection):
+            parameters = driver.info.get_parameters()
+            assert {name: int(parameters[name]) for name in TCP_KEEPALIVES} == TCP_KEEPALIVES
+    own = Database(pg_url + ("&" if "?" in pg_url else "?") + "keepalives_idle=60")
+    try:
+        with own.engine.connect() as connection:
+            assert connection.connection.driver_connection.info.get_parameters()["keepalives_idle"] == "60"
+    finally:
+        own.dispose()

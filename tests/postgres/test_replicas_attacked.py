@@ -19,109 +19,22 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
 from ulid import ULID
 
-from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine import create as create_module
-from checkpointd.core.engine.checkpoints import Checkpoints
-from checkpointd.core.engine.requests import CreateRequest, EngineSettings, RollbackRequest
+from checkpointd.core.engine.requests import RollbackRequest
 from checkpointd.core.kernel.errors import Reason, Unavailable
 from checkpointd.core.kernel.faults import Point
 from checkpointd.core.maintenance import retention as retention_module
-from checkpointd.core.maintenance.retention import GcAborted, Maintenance
-from checkpointd.core.metadata.db import Database, lock_key
+from checkpointd.core.maintenance.retention import GcAborted
 from checkpointd.core.restore import restorer as restorer_module
-from checkpointd.core.store.db_store import DatabaseStore
 from checkpointd.core.workspace import workspace as workspace_module
 from tests.helpers import tree_state
+from tests.postgres.replica_pair import Replica, end_session, fence_pid, holders, workspace_in
 
 pytestmark = pytest.mark.postgres
-
-
-class Replica:
-    """One replica of ``checkpointd serve --store db`` in this process: its own database
-    connections (and so its own advisory-lock sessions), content store and data dir."""
-
-    def __init__(self, root: Path, url: str, workspaces: Path, name: str) -> None:
-        self.db = Database(url)
-        self.db.migrate()
-        self.store = DatabaseStore(self.db, root / name / "db-store-staging")
-        self.config = ConfigStore(self.db)
-        self.checkpoints = Checkpoints(self.db, self.store, self.config,
-                                       EngineSettings(root / name / "data", (str(workspaces),), watcher=False))
-        self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
-                                       self.checkpoints.delete)
-
-    def create(self, plan_id: str, workspace: Path | None = None, state: bytes = b"", **fields):
-        return self.checkpoints.create(CreateRequest(plan_id=plan_id, state=state,
-                                                     workspace_root=str(workspace or ""), **fields)).row
-
-    def close(self) -> None:
-        self.checkpoints.close()
-        self.store.close()
-        self.db.dispose()
-
-
-@pytest.fixture
-def pair(pg_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica, Path]]:
-    workspaces = tmp_path / "workspaces"
-    workspaces.mkdir()
-    first = Replica(tmp_path, pg_url, workspaces, "a")
-    second = Replica(tmp_path, pg_url, workspaces, "b")
-    try:
-        yield first, second, workspaces
-    finally:
-        first.close()
-        second.close()
-
-
-@pytest.fixture
-def admin(pg_url: str) -> Iterator:
-    engine = create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    yield engine
-    engine.dispose()
-
-
-def workspace_in(workspaces: Path) -> Path:
-    path = workspaces / str(ULID())
-    path.mkdir()
-    return path
-
-
-def _key_parts(name: str) -> tuple[int, int]:
-    """pg_locks shows a bigint advisory key as (classid, objid): its high and low 32 bits."""
-    unsigned = lock_key(name) & 0xFFFFFFFFFFFFFFFF
-    return unsigned >> 32, unsigned & 0xFFFFFFFF
-
-
-def holders(admin, name: str) -> set[int]:
-    """The backend pids holding the advisory lock ``name`` (shared or exclusive)."""
-    classid, objid = _key_parts(name)
-    with admin.connect() as connection:
-        return set(connection.execute(text(
-            "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = :c "
-            "AND objid = :o AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"),
-            {"c": classid, "o": objid}).scalars().all())
-
-
-def end_session(admin, pid: int) -> None:
-    """Ends one PostgreSQL session, as a restarted pooler or proxy, an administrator or
-    ``idle_session_timeout`` ends an idle connection, and waits until it is gone."""
-    with admin.connect() as connection:
-        assert connection.execute(text("SELECT pg_terminate_backend(:p, 5000)"), {"p": pid}).scalar()
-
-
-def fence_pid(replica: Replica) -> int:
-    """The backend of the session in which ``replica`` holds the content store's GC fence."""
-    connection = replica.store._replica_fence._connection
-    assert connection is not None, "the replica does not hold the GC fence"
-    return connection.driver_connection.info.backend_pid
 
 
 # -- the GC fence's session is lost while a create reuses content --------------------------------
@@ -333,6 +246,46 @@ def test_a_checkpoint_never_records_a_half_restored_workspace_when_the_plan_lock
     taken = first.create(plan_id, workspace)  # the retry
     assert first.checkpoints.diff(target.checkpoint_id, taken.checkpoint_id) == []
     assert before != checkpointed
+
+
+def test_a_rollback_whose_plan_locks_session_is_lost_stops_and_is_finished_once_by_the_other_replica(
+        pair, admin, monkeypatch):
+    """Replica A's rollback loses its plan lock's session part-way: it stops before its next change
+    (UNAVAILABLE / LOCK_LOST; nothing undone, its journal entry left), so it never writes beside the
+    replica that takes the plan next, which finishes the rollback first: the workspace is the
+    target's, and the files A had not reached are written once, by B."""
+    first, second, workspaces = pair
+    workspace = workspace_in(workspaces)
+    plan_id = str(ULID())
+    for i in range(FILES):
+        (workspace / f"f{i}.txt").write_text(f"v1 of file {i}\n")
+    target = first.create(plan_id, workspace)
+    checkpointed = tree_state(workspace)
+    for i in range(FILES):
+        (workspace / f"f{i}.txt").write_text(f"v2 of file {i}\n")
+    changes = {"before": 0, "after": 0}
+
+    def at(point: Point) -> None:
+        if point is Point.RESTORE_CHANGE:
+            if changes["before"] == 3:
+                end_session(admin, *holders(admin, f"plan:{plan_id}"))
+                changes["after"] += 1
+            else:
+                changes["before"] += 1
+
+    monkeypatch.setattr(restorer_module, "crash_point", at)
+    with pytest.raises(Unavailable) as stopped:
+        first.checkpoints.rollback(RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id))
+    monkeypatch.undo()
+    assert stopped.value.reason is Reason.LOCK_LOST
+    assert changes["after"] <= 1, "the rollback went on writing after its plan lock's session ended"
+    assert first.checkpoints.journal.get(plan_id) is not None, "its journal entry is left to be finished"
+
+    taken = second.create(plan_id, workspace)  # finishes the rollback first
+
+    assert tree_state(workspace) == checkpointed
+    assert second.checkpoints.diff(target.checkpoint_id, taken.checkpoint_id) == []
+    assert second.checkpoints.journal.get(plan_id) is None
 
 
 # -- what held: retention/delete against a rollback, one request_id for a rollback on both -------

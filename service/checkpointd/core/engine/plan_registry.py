@@ -14,7 +14,7 @@ from sqlmodel import Session
 from checkpointd.core.engine.plan_locks import PlanLocks
 from checkpointd.core.engine.records import KnownPlan
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Reason, Unavailable
-from checkpointd.core.metadata.db import Database, LockHolder
+from checkpointd.core.metadata.db import AdvisoryLock, Database
 from checkpointd.core.metadata.models import PlanRow
 from checkpointd.core.metadata.rows import RowWriter
 
@@ -29,8 +29,8 @@ class PlanRegistry:
         self._plans_guard = threading.Lock()
         #: In-process plan locks; a call from the event loop never waits for one in a thread.
         self.locks = PlanLocks()
-        #: Plans whose lock across replicas this process holds now: the session holding each.
-        self._held: dict[str, LockHolder] = {}
+        #: Plans whose lock across replicas this process holds now (PostgreSQL).
+        self._held: dict[str, AdvisoryLock] = {}
         self._allowed = tuple(os.path.realpath(r) for r in allowed_roots)
 
     def try_lock(self, plan_id: str) -> Callable[[], None] | None:
@@ -47,7 +47,7 @@ class PlanRegistry:
             if replicas.holder is None:
                 yield
                 return
-            self._held[plan_id] = replicas.holder
+            self._held[plan_id] = replicas
             try:
                 yield
             finally:
@@ -61,17 +61,29 @@ class PlanRegistry:
         a lock no longer held by the session that took it refuses the commit (``LOCK_LOST``,
         retryable). One still held was held throughout, and the plan's row, locked until the
         commit, keeps any other replica's checkpoint, and so its rollback, behind it."""
-        holders = [self._held[plan_id] for plan_id in plan_ids if plan_id in self._held]
+        holders = {plan_id: self._held[plan_id].holder for plan_id in plan_ids if plan_id in self._held}
         if not holders:
             return
-        held = rows.advisory_locks_held(sorted({holder.pid for holder in holders}))
-        for plan_id in plan_ids:
-            holder = self._held.get(plan_id)
-            if holder is not None and (holder.key, holder.pid, holder.backend_start) not in held:
+        held = rows.advisory_locks_held(sorted({holder.pid for holder in holders.values() if holder is not None}))
+        for plan_id, holder in holders.items():
+            if holder is None or (holder.key, holder.pid, holder.backend_start) not in held:
                 raise Unavailable(Reason.LOCK_LOST,
                                   f"the database ended the session holding plan {plan_id}'s lock, and another "
                                   "replica may have acted on the plan meanwhile; nothing was recorded, retry",
                                   plan_id=plan_id, lock=f"plan:{plan_id}")
+
+    def check_held(self, plan_id: str) -> None:
+        """Between the changes of a rollback: refuses to go on (``LOCK_LOST``) once the session
+        holding the plan's lock across replicas is seen ended (another replica may take the plan
+        and finish this rollback from its journal entry; two must not write at once). Seen
+        without a round trip, from the database's farewell on the session's socket."""
+        lock = self._held.get(plan_id)
+        if lock is not None and lock.session_ended():
+            raise Unavailable(Reason.LOCK_LOST,
+                              f"the database ended the session holding plan {plan_id}'s lock part-way through a "
+                              "rollback; it stopped there, and is finished before the plan is next used (a retry "
+                              "with the same request_id does so, then answers)",
+                              plan_id=plan_id, lock=f"plan:{plan_id}")
 
     def remembered(self, plan_id: str) -> KnownPlan | None:
         return self._plans.get(plan_id)

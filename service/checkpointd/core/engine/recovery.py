@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import delete
@@ -127,7 +128,8 @@ class Recovery:
                 session.commit()
                 parts.capturer.record(plan.workspace_root, capture.tree)
             if changes:
-                parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE)
+                parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE,
+                                     keep_going=partial(parts.registry.check_held, entry.plan_id))
         crash_point(Point.ROLLBACK_APPLIED)
         parts.journal.remove(entry.plan_id)
 

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import replace
+from functools import partial
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
@@ -146,7 +147,8 @@ class Rollbacks:
         watcher = self.parts.watcher
         try:
             with watcher.quieted() if watcher is not None else contextlib.nullcontext():
-                self.parts.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes, seen)
+                self.parts.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes, seen,
+                                          keep_going=partial(self.parts.registry.check_held, entry.plan_id))
         except ApplyInterrupted as interrupted:
             raise self._undo_interrupted(entry, interrupted) from interrupted
         crash_point(Point.ROLLBACK_APPLIED)

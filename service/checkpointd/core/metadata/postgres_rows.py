@@ -16,7 +16,6 @@ from checkpointd.core.metadata.rows import (
     DedicatedConnection,
     increment_statement,
     insert_statement,
-    signed_key,
     was_dropped,
 )
 
@@ -111,4 +110,4 @@ class PostgresRows(DedicatedConnection):
             rows = self._cursor.fetchall()
         except psycopg.Error as error:
             raise DBAPIError.instance(compiled.sql, (), error, psycopg.Error) from error
-        return {(signed_key(key), pid, start) for key, pid, start in rows}
+        return {(key, pid, start) for key, pid, start in rows}

@@ -42,17 +42,13 @@ class RowWriter(Protocol):
 
 #: Takes an advisory lock shared for the rest of the transaction (``scalar_under_shared_lock``).
 XACT_LOCK_SHARED = sql_select(func.pg_advisory_xact_lock_shared(bindparam("key")))
-#: ``advisory_locks_held``: pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits.
+#: ``advisory_locks_held``: pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits;
+#: shifting the high half back into a bigint gives the key's sign back too.
 ADVISORY_LOCKS_HELD = text(
     "SELECT ((l.classid::bigint << 32) | l.objid::bigint), l.pid, a.backend_start "
     "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
     "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = ANY(:pids) "
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
-
-
-def signed_key(unsigned: int) -> int:
-    """A lock key read back from pg_locks as the signed 64-bit value it was taken with."""
-    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
 
 
 class CoreRows:
@@ -75,7 +71,7 @@ class CoreRows:
         return self.connection.execute(statement).scalar_one()
 
     def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
-        return {(signed_key(key), pid, start)
+        return {(key, pid, start)
                 for key, pid, start in self.connection.execute(ADVISORY_LOCKS_HELD, {"pids": pids})}
 
 

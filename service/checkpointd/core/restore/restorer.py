@@ -212,6 +212,10 @@ def _digest(dir_fd: int, name: str, st: os.stat_result) -> str:
         os.close(fd)
 
 
+def _go_on() -> None:
+    return None
+
+
 class Restorer:
     def __init__(self, store: ContentStore, trees: Trees) -> None:
         self.store = store
@@ -268,19 +272,21 @@ class Restorer:
                 and (base is None or base.kind is not target.kind))
 
     def apply(self, workspace: Workspace, changes: list[Change], seen: Mapping[str, Indexed] | None = None,
-              batched: bool = True) -> None:
+              batched: bool = True, keep_going: Callable[[], None] = _go_on) -> None:
         """Removes what goes (deepest first), creates directories, writes files and links, then
         sets directory modes. Each path is checked against what the capture saw (``changes``'
         bases; ``seen``: the stat identities of files, from the capture's stat index) just before
         it is replaced or removed. Idempotent: applying the same changes again, as planned on a
         new capture, finishes a partial run. Everything is durable when it returns or raises
-        ``ApplyInterrupted`` (``batched``: synced together at the end; else one path at a time)."""
+        ``ApplyInterrupted`` (``batched``: synced together at the end; else one path at a time).
+        ``keep_going`` is called before each change: what it raises stops the run where it is
+        (nothing undone, what was written left for whoever finishes the rollback)."""
         if not batched:
-            self._apply(workspace, changes, seen or {})
+            self._apply(workspace, changes, seen or {}, keep_going)
             return
         with workspace.batched_sync() as pending:
             try:
-                written = self._apply(workspace, changes, seen or {})
+                written = self._apply(workspace, changes, seen or {}, keep_going)
             except ApplyInterrupted:
                 _flush_before_undo(pending)
                 raise
@@ -290,10 +296,12 @@ class Restorer:
             except SyncFailed as exc:
                 raise ApplyInterrupted(exc.path, exc.strerror or str(exc), exc.cause, written) from exc
 
-    def _apply(self, workspace: Workspace, changes: list[Change], seen: Mapping[str, Indexed]) -> list[Written]:
+    def _apply(self, workspace: Workspace, changes: list[Change], seen: Mapping[str, Indexed],
+               keep_going: Callable[[], None]) -> list[Written]:
         current: dict[str, Entry | None] = {c.path: c.base for c in changes}
         written: list[Written] = []
         for step, change in self._steps(changes):
+            keep_going()
             crash_point(Point.RESTORE_CHANGE)
             path = change.path
             try:
