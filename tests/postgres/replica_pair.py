@@ -76,3 +76,15 @@ def fence_pid(replica: Replica) -> int:
     connection = replica.store._replica_fence._connection
     assert connection is not None, "the replica does not hold the GC fence"
     return connection.driver_connection.info.backend_pid
+
+
+def stored_garbage(first: Replica, second: Replica, workspaces: Path) -> tuple[Path, bytes]:
+    """A workspace holding ``shared.txt`` whose content (and a state) is stored but referenced by no
+    checkpoint (its checkpoint, recorded through ``first``, was deleted through ``second``): what a
+    collection deletes, and what a new checkpoint of that workspace reuses instead of storing."""
+    workspace = workspace_in(workspaces)
+    shared = b"file content both checkpoints share " * 40
+    (workspace / "shared.txt").write_bytes(shared)
+    doomed = first.create(str(ULID()), workspace, state=b"old state")
+    second.checkpoints.delete(doomed.checkpoint_id)
+    return workspace, shared

@@ -32,7 +32,7 @@ from checkpointd.core.maintenance.retention import GcAborted
 from checkpointd.core.restore import restorer as restorer_module
 from checkpointd.core.workspace import workspace as workspace_module
 from tests.helpers import tree_state
-from tests.postgres.replica_pair import Replica, end_session, fence_pid, holders, workspace_in
+from tests.postgres.replica_pair import Replica, end_session, fence_pid, holders, stored_garbage, workspace_in
 
 pytestmark = pytest.mark.postgres
 
@@ -49,13 +49,8 @@ def test_a_create_whose_gc_fence_session_was_lost_is_refused_and_its_retry_keeps
     and its retry stores everything again: every object the acknowledged checkpoint references is
     readable through both replicas."""
     first, second, workspaces = pair
-    workspace = workspace_in(workspaces)
-    shared = b"file content both checkpoints share " * 40
-    (workspace / "shared.txt").write_bytes(shared)
-    old_plan, new_plan = str(ULID()), str(ULID())
-    # The content is stored by a checkpoint that is then deleted: it is garbage, but still stored.
-    doomed = first.create(old_plan, workspace, state=b"old state")
-    second.checkpoints.delete(doomed.checkpoint_id)
+    workspace, shared = stored_garbage(first, second, workspaces)
+    new_plan = str(ULID())
 
     collected: list[object] = []
 
@@ -95,11 +90,7 @@ def test_a_collection_whose_lock_session_was_lost_deletes_nothing_another_replic
     more (its deletions run on the lock's own session, which can commit nothing now): A's
     acknowledged checkpoint stays whole, and the next collection deletes only garbage."""
     first, second, workspaces = pair
-    workspace = workspace_in(workspaces)
-    shared = b"file content both checkpoints share " * 40
-    (workspace / "shared.txt").write_bytes(shared)
-    doomed = first.create(str(ULID()), workspace, state=b"old state")
-    second.checkpoints.delete(doomed.checkpoint_id)
+    workspace, shared = stored_garbage(first, second, workspaces)
     acknowledged = []
     delete = second.store.delete
 
@@ -128,11 +119,7 @@ def test_a_collection_listed_before_a_create_reused_its_content_keeps_that_conte
     create reuses it and commits its row while the collection waits for the fence; the collection,
     marking again under the fence, keeps everything the acknowledged checkpoint references."""
     first, second, workspaces = pair
-    workspace = workspace_in(workspaces)
-    shared = b"file content both checkpoints share " * 40
-    (workspace / "shared.txt").write_bytes(shared)
-    doomed = first.create(str(ULID()), workspace, state=b"old state")
-    second.checkpoints.delete(doomed.checkpoint_id)
+    workspace, shared = stored_garbage(first, second, workspaces)
 
     listed = threading.Event()
     reports: list[object] = []

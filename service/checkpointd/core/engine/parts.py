@@ -60,7 +60,8 @@ class EngineParts:
         confirms the store's GC fence held since their objects were written and their plans'
         locks since they were captured."""
         self.store.confirm_fence(rows)
-        write_checkpoints(rows, new, self.registry.confirm_locks)
+        self.registry.confirm_locks(rows, [item.record.plan_id for item in new])
+        write_checkpoints(rows, new)
 
     def close(self) -> None:
         """Writes what waits in the group commit, then stops the snapshot engine's reader

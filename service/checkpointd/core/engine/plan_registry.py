@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
@@ -14,9 +15,9 @@ from sqlmodel import Session
 from checkpointd.core.engine.plan_locks import PlanLocks
 from checkpointd.core.engine.records import KnownPlan
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Reason, Unavailable
-from checkpointd.core.metadata.db import AdvisoryLock, Database
+from checkpointd.core.metadata.db import AdvisoryLock, Database, LockHolder
 from checkpointd.core.metadata.models import PlanRow
-from checkpointd.core.metadata.rows import RowWriter
+from checkpointd.core.metadata.rows import ADVISORY_LOCKS_HELD, RowWriter
 
 #: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
 MAX_REMEMBERED_PLANS = 100_000
@@ -54,23 +55,18 @@ class PlanRegistry:
                 del self._held[plan_id]
 
     def confirm_locks(self, rows: RowWriter, plan_ids: list[str]) -> None:
-        """Called in the transaction that commits checkpoints of ``plan_ids``, once it has locked
-        their plans' rows (numbering them). A plan's lock across replicas is a session-level lock
-        that the database may end (a failover, a pooler's restart, an administrator, a timeout),
-        and another replica may then act on the plan (roll it back while this one captures it):
-        a lock no longer held by the session that took it refuses the commit (``LOCK_LOST``,
-        retryable). One still held was held throughout, and the plan's row, locked until the
-        commit, keeps any other replica's checkpoint, and so its rollback, behind it."""
+        """Called in the transaction that commits checkpoints of ``plan_ids``: checks, once it has
+        locked their plans' rows (numbering them, ``RowWriter.check``), that their locks are held.
+        A plan's lock across replicas is a session-level lock that the database may end (a
+        failover, a pooler's restart, an administrator, a timeout), and another replica may then
+        act on the plan (roll it back while this one captures it): a lock no longer held by the
+        session that took it refuses the commit (``LOCK_LOST``, retryable). One still held was held
+        throughout, and the plan's row, locked until the commit, keeps any other replica's
+        checkpoint, and so its rollback, behind it."""
         holders = {plan_id: self._held[plan_id].holder for plan_id in plan_ids if plan_id in self._held}
-        if not holders:
-            return
-        held = rows.advisory_locks_held(sorted({holder.pid for holder in holders.values() if holder is not None}))
-        for plan_id, holder in holders.items():
-            if holder is None or (holder.key, holder.pid, holder.backend_start) not in held:
-                raise Unavailable(Reason.LOCK_LOST,
-                                  f"the database ended the session holding plan {plan_id}'s lock, and another "
-                                  "replica may have acted on the plan meanwhile; nothing was recorded, retry",
-                                  plan_id=plan_id, lock=f"plan:{plan_id}")
+        if holders:
+            pids = sorted({holder.pid for holder in holders.values() if holder is not None})
+            rows.check([(ADVISORY_LOCKS_HELD, {"pids": pids})], partial(_judge_locks, holders))
 
     def check_held(self, plan_id: str) -> None:
         """Between the changes of a rollback: refuses to go on (``LOCK_LOST``) once the session
@@ -159,3 +155,14 @@ class PlanRegistry:
             elif plan.workspace_root != root:
                 raise self._root_mismatch(plan_id, root, plan.workspace_root)
         return plan
+
+
+def _judge_locks(holders: dict[str, LockHolder | None], results: list[list[tuple]]) -> None:
+    (held,) = results
+    held = set(held)
+    for plan_id, holder in holders.items():
+        if holder is None or (holder.key, holder.pid, holder.backend_start) not in held:
+            raise Unavailable(Reason.LOCK_LOST,
+                              f"the database ended the session holding plan {plan_id}'s lock, and another "
+                              "replica may have acted on the plan meanwhile; nothing was recorded, retry",
+                              plan_id=plan_id, lock=f"plan:{plan_id}")

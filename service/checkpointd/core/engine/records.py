@@ -3,7 +3,6 @@ and inserted with the request_id records of the same transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, make_dataclass
 
 from ulid import ULID
@@ -50,15 +49,14 @@ def _skipped_json(capture: CaptureResult) -> list[list[object]]:
     return [[s.path, s.size, s.reason] for s in capture.skipped]
 
 
-def write_checkpoints(rows: RowWriter, new: list[NewCheckpoint],
-                      confirm_locks: Callable[[RowWriter, list[str]], None] | None = None) -> None:
+def write_checkpoints(rows: RowWriter, new: list[NewCheckpoint]) -> None:
     """Numbers and inserts new checkpoints of distinct plans (callers hold their plans' locks).
 
     Incrementing the plans' counters locks their rows (PostgreSQL) or the database (SQLite)
     until the transaction ends, so a number is never handed out twice. The same statement reads
     each plan's workspace root, which the checkpoint must have been captured under (none for a
-    state-only one): a remembered plan is thereby checked without a read of its own. Then
-    ``confirm_locks`` (the plans' rows locked) may refuse the transaction."""
+    state-only one): a remembered plan is thereby checked without a read of its own. Checks
+    queued on ``rows`` (``RowWriter.check``) run with the numbering, and may refuse the transaction."""
     numbered = rows.increment(PLANS.c.last_sequence, PLANS.c.plan_id, [n.record.plan_id for n in new],
                               also=PLANS.c.workspace_root)
     for item in new:
@@ -66,8 +64,6 @@ def write_checkpoints(rows: RowWriter, new: list[NewCheckpoint],
         if root != item.record.workspace_root:
             raise PlanRootRecorded(f"plan {item.record.plan_id} has a workspace root recorded by another replica")
         item.record.sequence = sequence
-    if confirm_locks is not None:
-        confirm_locks(rows, [n.record.plan_id for n in new])
     rows.insert(CHECKPOINTS, [_record_values(n.record) for n in new])
     operations = [n.operation for n in new if n.operation is not None]
     if operations:

@@ -11,9 +11,9 @@ from sqlalchemy import Column, Engine, Executable, Table
 from sqlalchemy.exc import DBAPIError
 
 from checkpointd.core.metadata.rows import (
-    ADVISORY_LOCKS_HELD,
-    XACT_LOCK_SHARED,
     DedicatedConnection,
+    Judge,
+    Statement,
     increment_statement,
     insert_statement,
     was_dropped,
@@ -40,6 +40,7 @@ class PostgresRows(DedicatedConnection):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        self._checks: list[tuple[list[Statement], Judge]] = []
         try:
             with self._driver.pipeline() as pipeline:
                 self._pipeline = pipeline
@@ -73,6 +74,9 @@ class PostgresRows(DedicatedConnection):
         cursor = self._cursor
         try:
             cursor.executemany(compiled.sql, [compiled.parameters({"key": value}) for value in keys], returning=True)
+            checks, self._checks = self._checks, []
+            checked = [(judge, [self._queue(statement, parameters) for statement, parameters in statements])
+                       for statements, judge in checks]
             self._pipeline.sync()
             values = {}
             for value in keys:
@@ -80,9 +84,19 @@ class PostgresRows(DedicatedConnection):
                 if row is not None:
                     values[value] = (row[0], row[1] if also is not None else None)
                 cursor.nextset()
+            results = [(judge, [queued.fetchall() for queued in cursors]) for judge, cursors in checked]
         except psycopg.Error as error:
             raise DBAPIError.instance(compiled.sql, (), error, psycopg.Error) from error
+        for judge, rows in results:
+            judge(rows)
         return values
+
+    def _queue(self, statement: Executable, parameters: dict[str, object]) -> psycopg.Cursor:
+        """Sends a check's statement in the pipeline on a cursor of its own (read after the sync)."""
+        compiled = self._compile(statement)
+        queued = self._driver.cursor()
+        queued.execute(compiled.sql, compiled.parameters(parameters))
+        return queued
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         compiled = self._compile(insert_statement(table))
@@ -91,23 +105,5 @@ class PostgresRows(DedicatedConnection):
         except psycopg.Error as error:
             raise DBAPIError.instance(compiled.sql, (), error, psycopg.Error) from error
 
-    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
-        lock, read = self._compile(XACT_LOCK_SHARED), self._compile(statement)
-        try:
-            self._driver.execute(lock.sql, lock.parameters({"key": lock_key}))
-            self._cursor.execute(read.sql, read.parameters({}))
-            self._pipeline.sync()
-            row = self._cursor.fetchone()
-        except psycopg.Error as error:
-            raise DBAPIError.instance(read.sql, (), error, psycopg.Error) from error
-        return row[0]
-
-    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
-        compiled = self._compile(ADVISORY_LOCKS_HELD)
-        try:
-            self._cursor.execute(compiled.sql, compiled.parameters({"pids": pids}))
-            self._pipeline.sync()
-            rows = self._cursor.fetchall()
-        except psycopg.Error as error:
-            raise DBAPIError.instance(compiled.sql, (), error, psycopg.Error) from error
-        return {(key, pid, start) for key, pid, start in rows}
+    def check(self, statements: list[Statement], judge: Judge) -> None:
+        self._checks.append((statements, judge))

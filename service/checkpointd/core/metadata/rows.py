@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import select
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -28,21 +28,22 @@ class RowWriter(Protocol):
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         """Inserts ``rows``; each gives every column of ``table`` (defaults are not applied)."""
 
-    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
-        """On PostgreSQL, takes the advisory lock ``lock_key`` shared until the transaction ends
-        (waiting while another session holds it exclusively), then runs ``statement`` (a statement
-        of its own: its snapshot shows what that holder committed) and returns its one value. On
-        SQLite (one server, one writer at a time), only runs the statement."""
+    def check(self, statements: list[Statement], judge: Judge) -> None:
+        """Queues ``statements`` to run in this transaction right after the next ``increment``'s (in
+        its round trip on PostgreSQL), in order, each with a snapshot of its own, then hands
+        ``judge`` each one's rows: what it raises ends the transaction (nothing is committed)."""
 
 
-    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
-        """On PostgreSQL, the advisory locks held now by the sessions ``pids``: (key, pid, session
-        start) each. Not called on SQLite (no advisory locks)."""
+#: A statement and its parameters, for ``RowWriter.check``.
+Statement = tuple[Executable, dict[str, object]]
+#: Judges the rows of ``RowWriter.check``'s statements (a list of rows per statement).
+Judge = Callable[[list[list[tuple]]], None]
 
 
-#: Takes an advisory lock shared for the rest of the transaction (``scalar_under_shared_lock``).
+#: Takes an advisory lock shared for the rest of the transaction (waiting for an exclusive holder).
 XACT_LOCK_SHARED = sql_select(func.pg_advisory_xact_lock_shared(bindparam("key")))
-#: ``advisory_locks_held``: pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits;
+#: The advisory locks held now by the sessions ``:pids``: (key, pid, session start) each.
+#: pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits;
 #: shifting the high half back into a bigint gives the key's sign back too.
 ADVISORY_LOCKS_HELD = text(
     "SELECT ((l.classid::bigint << 32) | l.objid::bigint), l.pid, a.backend_start "
@@ -56,23 +57,26 @@ class CoreRows:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
+        self._checks: list[tuple[list[Statement], Judge]] = []
 
     def increment(self, counter: Column, key: Column, keys: list[object],
                   also: Column | None = None) -> dict[object, tuple[int, object]]:
         result = self.connection.execute(increment_statement(counter, key, also, one_key=False), {"keys": keys})
-        return {row[0]: (row[1], row[2] if also is not None else None) for row in result}
+        values = {row[0]: (row[1], row[2] if also is not None else None) for row in result}
+        self._run_checks()
+        return values
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         self.connection.execute(insert_statement(table), rows)
 
-    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
-        if self.connection.dialect.name == "postgresql":
-            self.connection.execute(XACT_LOCK_SHARED, {"key": lock_key})
-        return self.connection.execute(statement).scalar_one()
+    def check(self, statements: list[Statement], judge: Judge) -> None:
+        self._checks.append((statements, judge))
 
-    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
-        return {(key, pid, start)
-                for key, pid, start in self.connection.execute(ADVISORY_LOCKS_HELD, {"pids": pids})}
+    def _run_checks(self) -> None:
+        checks, self._checks = self._checks, []
+        for statements, judge in checks:
+            judge([list(map(tuple, self.connection.execute(statement, parameters)))
+                   for statement, parameters in statements])
 
 
 #: The writers' statements by what they do: building one costs more than running it.
@@ -172,6 +176,7 @@ class SqliteRows(DedicatedConnection):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        self._checks: list[tuple[list[Statement], Judge]] = []
         self._run("BEGIN IMMEDIATE", ())
         try:
             yield
@@ -199,6 +204,10 @@ class SqliteRows(DedicatedConnection):
             row = self._run(compiled.sql, compiled.parameters({"key": value})).fetchone()
             if row is not None:
                 values[value] = (row[0], row[1] if also is not None else None)
+        checks, self._checks = self._checks, []
+        for statements, judge in checks:
+            judge([self._run(self._compile(statement).sql, self._compile(statement).parameters(parameters)).fetchall()
+                   for statement, parameters in statements])
         return values
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
@@ -206,12 +215,8 @@ class SqliteRows(DedicatedConnection):
         for row in rows:
             self._run(compiled.sql, compiled.parameters(row))
 
-    def scalar_under_shared_lock(self, lock_key: int, statement: Executable) -> object:
-        compiled = self._compile(statement)
-        return self._run(compiled.sql, compiled.parameters({})).fetchone()[0]
-
-    def advisory_locks_held(self, pids: list[int]) -> set[tuple[int, int, object]]:
-        raise NotImplementedError("SQLite has no advisory locks")
+    def check(self, statements: list[Statement], judge: Judge) -> None:
+        self._checks.append((statements, judge))
 
 
 def was_dropped(connection) -> bool:

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from checkpointd.core.kernel.errors import Reason, Unavailable
 from checkpointd.core.metadata.db import lock_key
 from checkpointd.core.metadata.models import ContentStoreStateRow
-from checkpointd.core.metadata.rows import RowWriter
+from checkpointd.core.metadata.rows import XACT_LOCK_SHARED, RowWriter, Statement
 from checkpointd.core.store.content_store import Postponed
 
 _state = ContentStoreStateRow.__table__
@@ -62,10 +62,17 @@ class ReplicaFence:
         a pooler's restart, an administrator, a timeout), another replica's collection may have
         deleted objects these rows reference, unseen. The transaction holds the fence's lock shared
         until it ends (a collection under way is waited for; none can begin before it commits, and
-        one that begins after sees its rows), then reads the GC epoch, which a collection bumps when
+        one that begins after sees its rows), then reads the GC epoch (both in the round trip of the
+        transaction's numbering, ``RowWriter.check``), which a collection bumps when
         it first deletes: changed since this process took the fence, the rows are refused
         (``LOCK_LOST``, retryable) and the fence is taken afresh once its present users are done."""
-        epoch = rows.scalar_under_shared_lock(lock_key(FENCE_LOCK), _READ_GC_EPOCH)
+        statements: list[Statement] = [(_READ_GC_EPOCH, {})]
+        if self.db.is_postgresql:
+            statements.insert(0, (XACT_LOCK_SHARED, {"key": lock_key(FENCE_LOCK)}))
+        rows.check(statements, self._judge_fence)
+
+    def _judge_fence(self, results: list[list[tuple]]) -> None:
+        (epoch,), = results[-1]
         if epoch == self._gc_epoch:
             return
         with self._fence:
