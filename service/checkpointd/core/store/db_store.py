@@ -250,7 +250,8 @@ class DatabaseStore(ReplicaFence):
             try:
                 collector.run_in_session([*statements, (_DELETE_OBJECT, (digest,)), (_DELETE_CHUNKS, (digest,))])
             except DBAPIError as exc:
-                raise Postponed(f"the database ended the session holding the collection's lock ({exc.orig}); "
+                # Most likely the database ended that session: nothing more may be deleted under it.
+                raise Postponed(f"deleting on the session holding the collection's lock failed ({exc.orig}); "
                                 f"{digest} and the rest were not deleted") from exc
         else:
             with self.db.engine.begin() as connection:
