@@ -205,16 +205,14 @@ async def test_checkpointd_dying_mid_session_warns_then_recovers(fresh_server, f
         assert not down.is_error and "checkpointd warning" in text_of(down)
         assert (workspace / "b.txt").read_text() == "b"
         fresh_server.start()
-        # The proxy's channel reconnects within its backoff (at most 1 s): until then a write still
-        # runs with the warning, and records nothing.
+        # The proxy's channel reconnects within its backoff (at most 1 s): until then a write would
+        # still run with the warning (and might get its after checkpoint without its before one).
+        # checkpoint_list asks checkpointd on the same channel: once it answers, the channel is back.
         deadline = time.monotonic() + 15
-        while True:
-            back = await proxy.call("write_file", {"path": str(workspace / "c.txt"), "content": "c"})
-            assert not back.is_error, text_of(back)
-            if "checkpointd warning" not in text_of(back) or time.monotonic() > deadline:
-                break
+        while (await proxy.call("checkpoint_list", {})).is_error and time.monotonic() < deadline:
             await anyio.sleep(0.1)
-        assert "checkpointd warning" not in text_of(back), text_of(back)
+        back = await proxy.call("write_file", {"path": str(workspace / "c.txt"), "content": "c"})
+        assert not back.is_error and "checkpointd warning" not in text_of(back), text_of(back)
     assert timeline(checkpoints_of(fresh_server.tcp_target, plan_id)) == [
         ("before_tool_execute", "write_file"), ("after_tool_execute", "write_file")] * 2
     assert checkpoints_of(fresh_server.tcp_target, plan_id)[-1].file_count == 3
