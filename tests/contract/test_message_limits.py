@@ -19,8 +19,6 @@ NODE_CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node" / "src" /
 
 def test_the_python_client_accepts_what_the_server_sends() -> None:
     assert client.MAX_RESPONSE_BYTES == server.MAX_SEND_BYTES
-    channel = client.open_channel("127.0.0.1:1")
-    channel.close()  # the option is accepted by gRPC (a bad option fails at channel creation)
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node")

@@ -310,15 +310,14 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
         """The pending writes of a LangGraph checkpoint (those of each of its records, oldest first,
         if it was put more than once: as the server does for one record, a repeated (task, index)
         keeps its first value, or its last when the index is negative), in LangGraph's order
-        (``writes_sort_key``: the server's)."""
+        (``writes_sort_key``, as the server lists them)."""
         merged: dict[tuple[str, int], pb.PendingWrite] = {}
         for record in sorted(recorded, key=lambda r: r.sequence):
             for write in self.client.list_pending_writes(record.checkpoint_id):
                 key = (write.task_id, write.index)
                 if write.index < 0 or key not in merged:
                     merged[key] = write
-        ordered = merged.values() if len(recorded) == 1 else sorted(
-            merged.values(), key=lambda w: (w.task_path, w.task_id, w.index))
+        ordered = sorted(merged.values(), key=lambda w: (w.task_path, w.task_id, w.index))
         return [(w.task_id, w.channel, self.serde.loads_typed((w.value_type, w.value))) for w in ordered]
 
     def _tuple(self, thread_id: str, envelope: CheckpointEnvelope, writes: list[tuple[str, str, Any]],
@@ -454,7 +453,7 @@ def _checkpoint_key(record: pb.Checkpoint) -> tuple[str, str]:
 def _same_checkpoint(record: pb.Checkpoint, found: list[pb.Checkpoint]) -> list[pb.Checkpoint]:
     """``record`` and the other records of ``found`` that hold its LangGraph checkpoint."""
     key = _checkpoint_key(record)
-    return [other for other in found if _checkpoint_key(other) == key] or [record]
+    return [other for other in found if _checkpoint_key(other) == key]
 
 
 def _latest_first(found: list[pb.Checkpoint]) -> list[pb.Checkpoint]:

@@ -45,14 +45,12 @@ class PlanRegistry:
         in-process lock (holding no database connection; see ``PlanLocks`` for callers on the event
         loop), then replicas on a database advisory lock."""
         with self.locks.hold(plan_id), self.db.advisory_lock(f"plan:{plan_id}") as replicas:
-            if replicas.holder is None:
-                yield
-                return
-            self._held[plan_id] = replicas
+            if replicas.holder is not None:  # PostgreSQL
+                self._held[plan_id] = replicas
             try:
                 yield
             finally:
-                del self._held[plan_id]
+                self._held.pop(plan_id, None)
 
     def confirm_locks(self, rows: RowWriter, plan_ids: list[str]) -> None:
         """Called in the transaction that commits checkpoints of ``plan_ids``: checks, once it has
@@ -65,7 +63,7 @@ class PlanRegistry:
         checkpoint, and so its rollback, behind it."""
         holders = {plan_id: self._held[plan_id].holder for plan_id in plan_ids if plan_id in self._held}
         if holders:
-            pids = sorted({holder.pid for holder in holders.values() if holder is not None})
+            pids = sorted({holder.pid for holder in holders.values()})
             rows.check([(ADVISORY_LOCKS_HELD, {"pids": pids})], partial(_judge_locks, holders))
 
     def check_held(self, plan_id: str) -> None:
@@ -157,11 +155,10 @@ class PlanRegistry:
         return plan
 
 
-def _judge_locks(holders: dict[str, LockHolder | None], results: list[list[tuple]]) -> None:
-    (held,) = results
-    held = set(held)
+def _judge_locks(holders: dict[str, LockHolder], results: list[list[tuple]]) -> None:
+    held = set(results[0])
     for plan_id, holder in holders.items():
-        if holder is None or (holder.key, holder.pid, holder.backend_start) not in held:
+        if (holder.key, holder.pid, holder.backend_start) not in held:
             raise Unavailable(Reason.LOCK_LOST,
                               f"the database ended the session holding plan {plan_id}'s lock, and another "
                               "replica may have acted on the plan meanwhile; nothing was recorded, retry",

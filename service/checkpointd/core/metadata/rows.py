@@ -206,9 +206,12 @@ class SqliteRows(DedicatedConnection):
                 values[value] = (row[0], row[1] if also is not None else None)
         checks, self._checks = self._checks, []
         for statements, judge in checks:
-            judge([self._run(self._compile(statement).sql, self._compile(statement).parameters(parameters)).fetchall()
-                   for statement, parameters in statements])
+            judge([self._fetch(statement, parameters) for statement, parameters in statements])
         return values
+
+    def _fetch(self, statement: Executable, parameters: dict[str, object]) -> list[tuple]:
+        compiled = self._compile(statement)
+        return self._run(compiled.sql, compiled.parameters(parameters)).fetchall()
 
     def insert(self, table: Table, rows: list[dict[str, object]]) -> None:
         compiled = self._compile(insert_statement(table))
