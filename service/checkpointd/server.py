@@ -81,6 +81,8 @@ _ALWAYS_OPEN = OpenService.HEALTH.service_names | OpenService.REFLECTION.service
 RESERVED_THREADS = 8
 #: How long past its grace period a drain waits for gRPC's own stop before it goes on.
 STOP_SLACK_SECONDS = 2.0
+#: How long the calls cut off at the end of the grace period get to send their UNAVAILABLE.
+CUT_OFF_ANSWER_SECONDS = 1.0
 
 
 def plan_threads(max_workers: int) -> int:
@@ -347,7 +349,11 @@ class CheckpointdServer:
         self.config.wake_all()
         log.info("draining: %d call(s) in flight", self.drain.in_flight)
         if not self.drain.wait_idle(grace):
-            log.warning("grace period of %ss ended with %d call(s) still running", grace, self.drain.in_flight)
+            log.warning("grace period of %ss ended with %d call(s) still running; answering them UNAVAILABLE",
+                        grace, self.drain.in_flight)
+            self._loop.call_soon_threadsafe(self.drain.cut_off)
+            self.drain.wait_idle(CUT_OFF_ANSWER_SECONDS)
+            deadline = time.monotonic() + CUT_OFF_ANSWER_SECONDS
         # A call's handler has returned, but its response may still be on its way (a large one, a
         # slow client): stopping with a grace lets gRPC finish sending what is in flight; whatever
         # still runs when the grace period ends (an open health Watch stream) is cancelled.

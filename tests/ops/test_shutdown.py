@@ -6,6 +6,7 @@ the call in flight for as long as the test needs; the signal is a real SIGTERM."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -138,6 +139,46 @@ def test_rollback_in_flight_during_sigterm_completes(short_tmp, sigterm_handlers
     channel.close()
     assert result.safety_checkpoint.checkpoint_id
     assert tree_state(workspace) == expected
+
+
+def test_a_checkpoint_outlasting_the_grace_period_is_answered_unavailable_and_its_retry_is_exact(short_tmp):
+    """The grace period ends while a capture is held: its caller gets UNAVAILABLE /
+    SHUTTING_DOWN (retryable; gRPC's own answer would be CANCELLED, which clients do not retry),
+    not a hang. The capture goes on in its thread; once the server is back, a retry with the
+    same request_id is answered with exactly one checkpoint of the workspace."""
+    base = short_tmp / f"cutoff-{ULID()}"
+    (base / "ws").mkdir(parents=True)
+    (base / "ws" / "notes.txt").write_text("kept through a cut-off")
+    server = CheckpointdServer(dataclasses.replace(_settings(base), grace_seconds=1.0))
+    server.start()
+    gate = Gate(server.checkpoints.snapshotter, "capture")
+    plan_id, request_id = str(ULID()), str(ULID())
+    request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(base / "ws"), request_id=request_id)
+    stopping = threading.Thread(target=server.stop)
+    with grpc.insecure_channel(server.addresses[0]) as channel:
+        in_flight = pb_grpc.CheckpointServiceStub(channel).CreateCheckpoint.future(request, timeout=60)
+        assert gate.entered.wait(timeout=60), "the capture never reached the gate"
+        stopping.start()
+        with pytest.raises(grpc.RpcError) as cut_off:
+            in_flight.result(timeout=30)
+    gate.release.set()
+    stopping.join(timeout=60)
+    assert not stopping.is_alive()
+    assert cut_off.value.code() is grpc.StatusCode.UNAVAILABLE, cut_off.value
+    assert error_info(cut_off.value).reason == "SHUTTING_DOWN"
+    assert "request_id" in cut_off.value.details()
+
+    restarted = CheckpointdServer(_settings(base))
+    restarted.start()
+    try:
+        with grpc.insecure_channel(restarted.addresses[0]) as channel:
+            stub = pb_grpc.CheckpointServiceStub(channel)
+            retried = stub.CreateCheckpoint(request, timeout=30).checkpoint
+            listed = stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id), timeout=10).checkpoints
+        assert [c.checkpoint_id for c in listed] == [retried.checkpoint_id]
+        assert retried.file_count == 1
+    finally:
+        restarted.stop()
 
 
 def test_stopping_the_server_stops_its_reader_processes(short_tmp, monkeypatch):
