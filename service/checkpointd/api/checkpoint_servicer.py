@@ -201,8 +201,14 @@ class AsyncCheckpointServicer(CheckpointServicer):
         async for response in self._stream(lambda: self._archive_chunks(request)):
             yield response
     async def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext):
-        # Takes the lock of each plan it deletes from in turn, so it runs on a thread of its own.
-        return await self._in_thread(super().DeleteCheckpoints, request, context)
+        # Each plan in turn under its lock; a busy plan is waited for on the loop, as by DeleteCheckpoint,
+        # so calls for a stuck plan never hold the threads other plans need.
+        wanted, plans = await self._in_thread(self.checkpoints.plans_matching, request.plan_id, request.filter)
+        deleted = []
+        for plan in plans:
+            deleted += await self.checkpoints.plan_locks.run(
+                self._in_thread, self.checkpoints.delete_in_plan, plan, wanted, plan_id=plan)
+        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine import pending_writes
-from checkpointd.core.engine.bulk_delete import delete_matching
+from checkpointd.core.engine.bulk_delete import delete_in_plan, delete_matching, plans_matching
 from checkpointd.core.engine.create import Create, RunBlocking
 from checkpointd.core.engine.diff import Diffs
+from checkpointd.core.engine.filtering import Filter
 from checkpointd.core.engine.history import History
 from checkpointd.core.engine.parts import EngineParts
 from checkpointd.core.engine.pending_writes import PendingWrite
@@ -85,6 +86,13 @@ class Checkpoints:
     def delete_matching(self, plan_id: str, filter_text: str) -> list[Checkpoint]:
         """Deletes every checkpoint a filter selects, in one plan or all (see ``bulk_delete``)."""
         return delete_matching(self.parts, self.recovery, plan_id, filter_text)
+
+    def plans_matching(self, plan_id: str, filter_text: str) -> tuple[Filter, list[str]]:
+        """``delete_matching`` in steps, for a caller that waits for each plan's lock itself."""
+        return plans_matching(self.parts, plan_id, filter_text)
+
+    def delete_in_plan(self, plan_id: str, wanted: Filter) -> list[Checkpoint]:
+        return delete_in_plan(self.parts, self.recovery, plan_id, wanted)
 
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         return self._diffs.diff(base_id, target_id, paths)

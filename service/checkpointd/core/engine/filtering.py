@@ -1,7 +1,8 @@
 """The ListCheckpoints filter (a small AIP-160 subset) and page tokens (AIP-158).
 
 Grammar: ``term (AND term)*`` where ``term`` is ``FIELD = "VALUE"``; FIELD is phase,
-trigger, source_tool or labels.KEY.
+trigger, source_tool or labels.KEY. Every term must hold (one label named twice with two
+values matches nothing); phase, trigger and source_tool may each be given once.
 
 A page token is opaque to clients and authenticated by the server: ``base64url(version |
 sequence | HMAC-SHA256(key, plan, filter, sequence))``, with a key shared by the replicas of
@@ -18,7 +19,7 @@ import re
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from checkpointd.core.kernel.errors import CheckpointdError, InvalidArgument, Reason
 from checkpointd.core.kernel.vocabulary import parse_phase, parse_trigger
@@ -37,7 +38,8 @@ class Filter:
     phase: str | None = None
     trigger: str | None = None
     source_tool: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
+    #: (key, value) pairs, each of which a checkpoint's labels must carry.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def _bad(text: str, why: str) -> InvalidArgument:
@@ -50,7 +52,7 @@ def parse_filter(text: str) -> Filter:
     if len(text) > MAX_FILTER:
         raise _bad(text, f"longer than {MAX_FILTER} characters")
     values: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    labels: list[tuple[str, str]] = []
     pos = 0
     for count in range(MAX_TERMS + 1):
         if count == MAX_TERMS:
@@ -59,8 +61,8 @@ def parse_filter(text: str) -> Filter:
         if not match:
             raise _bad(text, f'expected FIELD = "VALUE" at offset {pos}')
         name, raw = match.group(1), re.sub(r"\\(.)", r"\1", match.group(2))
-        if name.startswith("labels."):
-            labels[name.removeprefix("labels.")] = raw
+        if name.startswith("labels.") and len(name) > len("labels."):
+            labels.append((name.removeprefix("labels."), raw))
         elif name in ("phase", "trigger", "source_tool"):
             if name in values:
                 raise _bad(text, f"{name} given twice")
@@ -81,7 +83,7 @@ def parse_filter(text: str) -> Filter:
             parse_trigger(values["trigger"])
     except CheckpointdError as exc:
         raise _bad(text, exc.message) from None
-    return Filter(values.get("phase"), values.get("trigger"), values.get("source_tool"), labels)
+    return Filter(values.get("phase"), values.get("trigger"), values.get("source_tool"), tuple(labels))
 
 
 def page_size(requested: int) -> int:

@@ -47,7 +47,7 @@ class History:
             query = query.where(CheckpointRow.trigger == wanted.trigger)
         if wanted.source_tool is not None:
             query = query.where(CheckpointRow.source_tool == wanted.source_tool)
-        for key, value in wanted.labels.items():
+        for key, value in wanted.labels:
             query = query.where(col(CheckpointRow.labels)[key].as_string() == value)
         query = query.order_by(col(CheckpointRow.sequence).desc()).limit(size + 1)
         with self.parts.db.session() as session:

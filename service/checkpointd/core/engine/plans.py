@@ -47,12 +47,13 @@ class PlanSummary:
 
 @dataclass(frozen=True)
 class PlanFilter:
-    workspace_root: str | None = None
-    under_root: str | None = None
+    #: Each term must hold: two different exact roots match no plan.
+    workspace_root: tuple[str, ...] = ()
+    under_root: tuple[str, ...] = ()
     #: (operator, UTC time) pairs on the newest checkpoint's time.
     update_time: list[tuple[str, datetime]] = field(default_factory=list)
-    #: label key -> value, each carried by at least one of the plan's checkpoints.
-    labels: dict[str, str] = field(default_factory=dict)
+    #: (key, value) pairs, each carried by at least one of the plan's checkpoints.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def _bad(text: str, why: str) -> InvalidArgument:
@@ -66,7 +67,10 @@ def _time(text: str, raw: str) -> datetime:
         raise _bad(text, f'update_time takes an RFC 3339 time such as "2026-01-31T12:00:00Z", got {raw!r}') from None
     if value.tzinfo is None:
         raise _bad(text, f"update_time {raw!r} needs a time zone (e.g. a trailing Z)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00, before the first representable UTC time
+        raise _bad(text, f"update_time {raw!r} is outside the times that can be compared") from None
 
 
 def parse_plan_filter(text: str) -> PlanFilter:
@@ -74,9 +78,10 @@ def parse_plan_filter(text: str) -> PlanFilter:
         return PlanFilter()
     if len(text) > filtering.MAX_FILTER:
         raise _bad(text, f"longer than {filtering.MAX_FILTER} characters")
-    exact = under = None
+    exact: list[str] = []
+    under: list[str] = []
     times: list[tuple[str, datetime]] = []
-    labels: dict[str, str] = {}
+    labels: list[tuple[str, str]] = []
     pos = 0
     for count in range(filtering.MAX_TERMS + 1):
         if count == filtering.MAX_TERMS:
@@ -91,10 +96,7 @@ def parse_plan_filter(text: str) -> PlanFilter:
             if not raw.startswith("/"):
                 raise _bad(text, f"workspace_root {raw!r} must be an absolute path")
             root = raw.rstrip("/") or "/"
-            if operator == "=":
-                exact = root
-            else:
-                under = root
+            (exact if operator == "=" else under).append(root)
         elif name == "update_time":
             if operator not in _TIME_OPERATORS:
                 raise _bad(text, "update_time takes <, <=, > or >=")
@@ -102,7 +104,7 @@ def parse_plan_filter(text: str) -> PlanFilter:
         elif name.startswith("labels.") and len(name) > len("labels."):
             if operator != "=":
                 raise _bad(text, f'{name} takes = "VALUE"')
-            labels[name.removeprefix("labels.")] = raw
+            labels.append((name.removeprefix("labels."), raw))
         else:
             raise _bad(text, f"unknown field {name!r}; use workspace_root, update_time or labels.KEY")
         pos = match.end()
@@ -112,7 +114,7 @@ def parse_plan_filter(text: str) -> PlanFilter:
         if not joiner:
             raise _bad(text, f"expected AND at offset {pos}")
         pos = joiner.end()
-    return PlanFilter(exact, under, times, labels)
+    return PlanFilter(tuple(exact), tuple(under), times, tuple(labels))
 
 
 class Plans:
@@ -139,10 +141,9 @@ class Plans:
         query = select(PlanRow)
         if after is not None:
             query = query.where(PlanRow.plan_id < after)
-        if wanted.workspace_root is not None:
-            query = query.where(PlanRow.workspace_root == wanted.workspace_root)
-        if wanted.under_root is not None:
-            root = wanted.under_root
+        for root in wanted.workspace_root:
+            query = query.where(PlanRow.workspace_root == root)
+        for root in wanted.under_root:
             prefix = "/" if root == "/" else root + "/"
             query = query.where(or_(PlanRow.workspace_root == root,
                                     func.substr(PlanRow.workspace_root, 1, len(prefix)) == prefix))
@@ -152,7 +153,7 @@ class Plans:
             activity = func.coalesce(newest, PlanRow.create_time)
             for operator, moment in wanted.update_time:
                 query = query.where(_compare(activity, operator, moment))
-        for key, value in wanted.labels.items():
+        for key, value in wanted.labels:
             query = query.where(select(CheckpointRow.checkpoint_id)
                                 .where(CheckpointRow.plan_id == PlanRow.plan_id,
                                        col(CheckpointRow.labels)[key].as_string() == value)
