@@ -230,8 +230,6 @@ def test_ten_concurrent_creates_of_ten_plans_sharing_a_request_id_have_exactly_o
         plan: 2 if plan == winners[0] else 1 for plan in plans}
 
 
-@pytest.mark.xfail(strict=True, reason="a CreateCheckpoint refused as REQUEST_ID_REUSED (the id won by a concurrent "
-                                       "create of another plan) still records its plan and binds its workspace_root")
 def test_a_create_that_loses_its_request_id_to_a_concurrent_create_leaves_no_plan_behind(idle_server):
     faults = idle_server.base / "faults"
     faults.mkdir()
@@ -255,6 +253,30 @@ def test_a_create_that_loses_its_request_id_to_a_concurrent_create_leaves_no_pla
         # test above), the plan stays unknown and free to take any workspace.
         _create(stub, loser_plan, workspace_root=str(later_ws))
         assert stub.GetPlan(pb.GetPlanRequest(plan_id=loser_plan)).plan.workspace_root == str(later_ws)
+
+
+def test_a_create_that_fails_after_mentioning_its_plan_leaves_no_plan_and_binds_no_root(idle_server):
+    """A create that fails after it recorded its plan (here: refused UNAVAILABLE once its capture
+    is done) takes back what it recorded: a plan it created, a workspace root it bound to a plan
+    known without one. Retried elsewhere, the plan takes the workspace of the call that succeeds."""
+    new_plan, state_only_plan = str(ULID()), str(ULID())
+    wrong_ws, right_ws = idle_server.new_workspace(), idle_server.new_workspace()
+    idle_server.start()
+    with grpc.insecure_channel(idle_server.tcp_target) as channel:
+        _create(checkpoint_service_pb2_grpc.CheckpointServiceStub(channel), state_only_plan, state=b"no workspace")
+    idle_server.stop()
+    start_with_faults(idle_server, CHECKPOINTD_UNAVAILABLE_AT="create.captured:2")
+    with grpc.insecure_channel(idle_server.tcp_target) as channel:
+        stub = checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
+        for plan in (new_plan, state_only_plan):
+            with pytest.raises(grpc.RpcError) as caught:
+                _create(stub, plan, workspace_root=str(wrong_ws))
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        expect(grpc.StatusCode.NOT_FOUND, "PLAN_NOT_FOUND", stub.GetPlan, pb.GetPlanRequest(plan_id=new_plan))
+        assert stub.GetPlan(pb.GetPlanRequest(plan_id=state_only_plan)).plan.workspace_root == ""
+        for plan in (new_plan, state_only_plan):
+            _create(stub, plan, workspace_root=str(right_ws))
+            assert stub.GetPlan(pb.GetPlanRequest(plan_id=plan)).plan.workspace_root == str(right_ws)
 
 
 # ============================================================================================
@@ -823,3 +845,24 @@ def test_bad_config_reads_and_watches_get_their_reason(config_stub):
         list(config_stub.WatchConfig(cfg.WatchConfigRequest(keys=["core.snapshot.ignore_patterns", "nope"]),
                                      timeout=5))
     assert (caught.value.code(), error_info(caught.value).reason) == (INVALID, "UNKNOWN_CONFIG_KEY")
+
+
+@pytest.mark.parametrize("fields", [dict(description="a\0b"), dict(source_tool="t\0"), dict(labels={"k": "a\0b"})])
+def test_a_nul_character_in_a_create_is_invalid_character_on_every_database(checkpoint_stub, fields):
+    """PostgreSQL cannot store a NUL in text (it answered INTERNAL there); SQLite could: refused on both."""
+    plan = str(ULID())
+    expect(INVALID, "INVALID_CHARACTER", checkpoint_stub.CreateCheckpoint,
+           pb.CreateCheckpointRequest(plan_id=plan, **fields))
+    expect(grpc.StatusCode.NOT_FOUND, "PLAN_NOT_FOUND", checkpoint_stub.GetPlan, pb.GetPlanRequest(plan_id=plan))
+
+
+@pytest.mark.parametrize("filter_text", ['labels.k = "a\0"', 'source_tool = "\0"'])
+def test_a_nul_character_in_a_filter_is_invalid_filter_on_every_database(checkpoint_stub, plan_id, filter_text):
+    _create(checkpoint_stub, plan_id)
+    for call, request in ((checkpoint_stub.ListCheckpoints, pb.ListCheckpointsRequest(plan_id=plan_id,
+                                                                                       filter=filter_text)),
+                          (checkpoint_stub.DeleteCheckpoints, pb.DeleteCheckpointsRequest(filter=filter_text)),
+                          (checkpoint_stub.ListPlans, pb.ListPlansRequest(filter=filter_text.replace(
+                              "source_tool", "labels.t")))):
+        expect(INVALID, "INVALID_FILTER", call, request)
+    assert len(_ids(checkpoint_stub, plan_id)) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from checkpointd.core.kernel.vocabulary import SERVER_ONLY_TRIGGERS, Phase, Trig
 LOOP_STATE_LIMIT = 64 * 1024
 #: How a caller on an event loop runs a blocking function: in a thread, awaiting its result.
 RunBlocking = Callable[..., Awaitable[Any]]
+
+log = logging.getLogger("checkpointd")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +91,8 @@ class Create:
             raise InvalidArgument(Reason.INVALID_PHASE, f"trigger {trigger.value!r} is recorded by the server only",
                                   trigger=trigger.value, phase=req.phase.value if req.phase else "")
         phase = resolve_phase(trigger, req.phase)
-        validation.max_length(req.source_tool, validation.MAX_SOURCE_TOOL, "source_tool")
-        validation.max_length(req.description, validation.MAX_DESCRIPTION, "description")
+        validation.text(req.source_tool, validation.MAX_SOURCE_TOOL, "source_tool")
+        validation.text(req.description, validation.MAX_DESCRIPTION, "description")
         validation.max_length(req.state, validation.MAX_STATE_BYTES, "state")
         labels = validation.labels(req.labels)
         request_id = validation.request_id(req.request_id)
@@ -125,21 +128,29 @@ class Create:
         """Captures the plan's workspace (if it has one) and records the checkpoint, under the plan's lock."""
         parts = self.parts
         req = new.request
-        plan = parts.registry.known(new.plan_id, req.workspace_root)
-        with parts.store.batch() as batch:
-            capture, patterns, excluded = parts.capture(plan, batch) if plan.workspace_root else (None, [], [])
-            state_digest = batch.put_bytes(req.state) if req.state else None
-        crash_point(Point.CREATE_CAPTURED)
-        row = new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
-                      phase=new.phase.value, trigger=new.trigger.value, source_tool=req.source_tool,
-                      description=req.description, labels=new.labels)
+        plan, mention = parts.registry.known(new.plan_id, req.workspace_root)
         try:
-            parts.new_checkpoints.submit(NewCheckpoint(row, self._create_operation(new, row)))
-        except IntegrityError:
-            winner = self._replayed_create(new)
-            if winner is None:
-                raise
-            return winner
+            with parts.store.batch() as batch:
+                capture, patterns, excluded = parts.capture(plan, batch) if plan.workspace_root else (None, [], [])
+                state_digest = batch.put_bytes(req.state) if req.state else None
+            crash_point(Point.CREATE_CAPTURED)
+            row = new_row(plan, capture, patterns, excluded, state_digest, len(req.state),
+                          phase=new.phase.value, trigger=new.trigger.value, source_tool=req.source_tool,
+                          description=req.description, labels=new.labels)
+            try:
+                parts.new_checkpoints.submit(NewCheckpoint(row, self._create_operation(new, row)))
+            except IntegrityError:
+                winner = self._replayed_create(new)
+                if winner is None:
+                    raise
+                return winner
+        except Exception:
+            # Nothing was recorded: neither is the plan (or its root) this call first mentioned.
+            try:
+                parts.registry.take_back(new.plan_id, mention)
+            except Exception:  # the caller is told why the create failed, not why this did
+                log.exception("could not take back plan %s after its create failed", new.plan_id)
+            raise
         if capture is not None:
             parts.capturer.record(plan.workspace_root, capture.tree)
         crash_point(Point.CREATE_COMMITTED)

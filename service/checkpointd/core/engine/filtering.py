@@ -51,6 +51,8 @@ def parse_filter(text: str) -> Filter:
         return Filter()
     if len(text) > MAX_FILTER:
         raise _bad(text, f"longer than {MAX_FILTER} characters")
+    if "\0" in text:
+        raise _bad(text, "it contains a NUL character")
     values: dict[str, str] = {}
     labels: list[tuple[str, str]] = []
     pos = 0

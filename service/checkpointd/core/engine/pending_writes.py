@@ -48,9 +48,9 @@ def _validated(writes: list[PendingWrite]) -> list[PendingWrite]:
         for field, value in (("writes.task_id", write.task_id), ("writes.channel", write.channel)):
             if not value:
                 raise InvalidArgument(Reason.MISSING_FIELD, f"{field} is required", field=field)
-            validation.max_length(value, MAX_NAME, field)
-        validation.max_length(write.value_type, MAX_VALUE_TYPE, "writes.value_type")
-        validation.max_length(write.task_path, MAX_TASK_PATH, "writes.task_path")
+            validation.text(value, MAX_NAME, field)
+        validation.text(write.value_type, MAX_VALUE_TYPE, "writes.value_type")
+        validation.text(write.task_path, MAX_TASK_PATH, "writes.task_path")
     return writes
 
 

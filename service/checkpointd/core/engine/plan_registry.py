@@ -3,20 +3,22 @@ mention and never changed) and the per-plan lock that serializes a plan's operat
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
+from sqlalchemy import delete, exists, update
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from checkpointd.core.engine.plan_locks import PlanLocks
 from checkpointd.core.engine.records import KnownPlan
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Reason, Unavailable
 from checkpointd.core.metadata.db import AdvisoryLock, Database, LockHolder
-from checkpointd.core.metadata.models import PlanRow
+from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.metadata.rows import ADVISORY_LOCKS_HELD, RowWriter
 
 #: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
@@ -104,8 +106,9 @@ class PlanRegistry:
                                   workspace_root=raw[:512])
         return real
 
-    def known(self, plan_id: str, raw_root: str) -> KnownPlan:
-        """The plan (created on first use, its workspace root recorded on first mention).
+    def known(self, plan_id: str, raw_root: str) -> tuple[KnownPlan, Mention]:
+        """The plan (created on first use, its workspace root recorded on first mention), and
+        what this call recorded of it: a create that then fails takes that back (``take_back``).
 
         Plans are remembered. A recorded root never changes, but another replica may record one
         for a plan remembered without; the checkpoint's write detects that (``PlanRootRecorded``),
@@ -114,20 +117,41 @@ class PlanRegistry:
         root = self.resolve_root(raw_root) if raw_root else None
         known = self._plans.get(plan_id)
         if known is not None and root is None:
-            return known
+            return known, Mention.NOTHING
         if known is not None and known.workspace_root is not None:
             if root != known.workspace_root:
                 raise self._root_mismatch(plan_id, root, known.workspace_root)
-            return known
+            return known, Mention.NOTHING
         with self.db.session() as session:
-            plan = self._plan_row(session, plan_id, root)
+            plan, mention = self._plan_row(session, plan_id, root)
             known = KnownPlan(plan.plan_id, plan.workspace_root)
         with self._plans_guard:
             self._plans[plan_id] = known
             # The oldest remembered plan goes first: forgetting one costs a read when it is next used.
             while len(self._plans) > MAX_REMEMBERED_PLANS:
                 del self._plans[next(iter(self._plans))]
-        return known
+        return known, mention
+
+    def take_back(self, plan_id: str, mention: Mention) -> None:
+        """Undoes what ``known`` recorded for a create that failed before its checkpoint was
+        committed (a refused request_id, a capture that failed): a plan row it created, or the
+        workspace root it bound, so that the failed call leaves no plan behind and binds no root.
+        Only while the plan still has no checkpoint (of a workspace, for a bound root); the
+        caller holds the plan's lock."""
+        if mention is Mention.NOTHING:
+            return
+        has_checkpoint = exists().where(col(CheckpointRow.plan_id) == plan_id)
+        if mention is Mention.ROOT_BOUND:
+            has_checkpoint = has_checkpoint.where(col(CheckpointRow.tree_digest).is_not(None))
+        self.forget(plan_id)
+        with self.db.session() as session:
+            where = (col(PlanRow.plan_id) == plan_id, ~has_checkpoint)
+            match mention:
+                case Mention.CREATED:
+                    session.execute(delete(PlanRow).where(*where))
+                case Mention.ROOT_BOUND:
+                    session.execute(update(PlanRow).where(*where).values(workspace_root=None))
+            session.commit()
 
     @staticmethod
     def _root_mismatch(plan_id: str, root: str | None, recorded: str | None) -> FailedPrecondition:
@@ -135,13 +159,14 @@ class PlanRegistry:
                                   f"plan {plan_id} already has workspace_root {recorded!r}",
                                   workspace_root=root, plan_workspace_root=recorded)
 
-    def _plan_row(self, session: Session, plan_id: str, root: str | None) -> PlanRow:
+    def _plan_row(self, session: Session, plan_id: str, root: str | None) -> tuple[PlanRow, Mention]:
         plan = session.get(PlanRow, plan_id)
         if plan is None:
             plan = PlanRow(plan_id=plan_id, workspace_root=root)
             session.add(plan)
             try:
                 session.commit()
+                return plan, Mention.CREATED
             except IntegrityError:
                 session.rollback()
                 plan = session.get(PlanRow, plan_id)
@@ -150,9 +175,18 @@ class PlanRegistry:
                 plan.workspace_root = root
                 session.add(plan)
                 session.commit()
-            elif plan.workspace_root != root:
+                return plan, Mention.ROOT_BOUND
+            if plan.workspace_root != root:
                 raise self._root_mismatch(plan_id, root, plan.workspace_root)
-        return plan
+        return plan, Mention.NOTHING
+
+
+class Mention(enum.Enum):
+    """What ``PlanRegistry.known`` recorded of a plan for one call."""
+
+    NOTHING = "nothing"
+    CREATED = "created"
+    ROOT_BOUND = "root bound"
 
 
 def _judge_locks(holders: dict[str, LockHolder], results: list[list[tuple]]) -> None:

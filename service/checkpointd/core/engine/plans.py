@@ -78,6 +78,8 @@ def parse_plan_filter(text: str) -> PlanFilter:
         return PlanFilter()
     if len(text) > filtering.MAX_FILTER:
         raise _bad(text, f"longer than {filtering.MAX_FILTER} characters")
+    if "\0" in text:
+        raise _bad(text, "it contains a NUL character")
     exact: list[str] = []
     under: list[str] = []
     times: list[tuple[str, datetime]] = []

@@ -47,6 +47,7 @@ class Reason(enum.StrEnum):
     NESTED_WORKSPACE = "NESTED_WORKSPACE"
     NOT_A_DIRECTORY = "NOT_A_DIRECTORY"
     LOCK_LOST = "LOCK_LOST"
+    INVALID_CHARACTER = "INVALID_CHARACTER"
 
 
 class Kind(enum.Enum):

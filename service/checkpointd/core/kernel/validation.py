@@ -65,6 +65,14 @@ def max_length(value: str | bytes, limit: int, field: str) -> None:
         raise InvalidArgument(Reason.FIELD_TOO_LONG, f"{field} is longer than {limit}", field=field, limit=limit)
 
 
+def text(value: str, limit: int, field: str) -> None:
+    """A text field: at most ``limit`` characters and no NUL, which PostgreSQL cannot store
+    (refused on SQLite too, so a request means the same on every database)."""
+    max_length(value, limit, field)
+    if "\0" in value:
+        raise InvalidArgument(Reason.INVALID_CHARACTER, f"{field} contains a NUL character", field=field)
+
+
 def labels(values: dict[str, str]) -> dict[str, str]:
     if len(values) > MAX_LABELS:
         raise InvalidArgument(Reason.INVALID_LABEL, f"at most {MAX_LABELS} labels", key="", limit=MAX_LABELS)
@@ -75,6 +83,9 @@ def labels(values: dict[str, str]) -> dict[str, str]:
         if len(value) > MAX_LABEL_VALUE:
             raise InvalidArgument(Reason.INVALID_LABEL, f"label {key!r} is longer than {MAX_LABEL_VALUE}",
                                   key=key)
+        if "\0" in value:
+            raise InvalidArgument(Reason.INVALID_CHARACTER, f"label {key!r} contains a NUL character",
+                                  field=f"labels.{key}")
     return dict(values)
 
 
