@@ -14,6 +14,12 @@ const CODE_NAMES = Object.freeze(
 );
 /** Status codes that mean "the service could not be reached in time", not "the request is wrong". */
 const UNREACHABLE_CODES = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
+/**
+ * The ErrorInfo reason of checkpointd's RESOURCE_EXHAUSTED: its store is full, so it cannot record
+ * right now. A RESOURCE_EXHAUSTED without it is gRPC's own refusal of a message over the size
+ * limit: the request is wrong. The Python client classifies the same way (policy.is_unavailable).
+ */
+const STORAGE_EXHAUSTED = 'STORAGE_EXHAUSTED';
 
 class CheckpointdError extends Error {
   /**
@@ -39,9 +45,13 @@ class CheckpointdError extends Error {
     this.method = method;
   }
 
-  /** True when the server was down or too slow, the case core.checkpoints.on_unavailable governs. */
+  /**
+   * True when the server was down, too slow or out of space (RESOURCE_EXHAUSTED with reason
+   * STORAGE_EXHAUSTED): the cases core.checkpoints.on_unavailable governs.
+   */
   get unreachable() {
-    return UNREACHABLE_CODES.has(this.code);
+    if (UNREACHABLE_CODES.has(this.code)) return true;
+    return this.code === grpc.status.RESOURCE_EXHAUSTED && this.reason === STORAGE_EXHAUSTED;
   }
 }
 

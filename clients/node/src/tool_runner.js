@@ -7,20 +7,34 @@
  * - a read-only tool never gets one; a failed tool gets no after-checkpoint and its error is
  *   passed on untouched;
  * - which triggers fire is read from core.checkpoints.auto_create_on over the config RPC (per
- *   plan, on every call), minus the triggers switched off locally;
+ *   plan, on every call: a plan's override wins), minus the triggers switched off locally;
+ * - each checkpoint call gets core.checkpoints.client_deadline_ms (the config read before the
+ *   before-checkpoint counts against it);
+ * - both checkpoints of a call carry a `tool_call_id` label and the description
+ *   "<trigger> <tool name>", and a tool name longer than the server's 256 characters is clipped
+ *   in source_tool, as the Python interceptor does;
  * - no client or no plan_id: the tool just runs;
- * - checkpointd down or too slow: core.checkpoints.on_unavailable decides, "proceed" (run the
- *   tool, log a warning) or "refuse" (do not run it). A write that already happened is never
- *   undone, so a missing after-checkpoint is always only a warning.
+ * - checkpointd down, too slow or out of space (RESOURCE_EXHAUSTED with reason STORAGE_EXHAUSTED):
+ *   core.checkpoints.on_unavailable decides, "proceed" (run the tool, log a warning) or "refuse"
+ *   (do not run it) - only the before-checkpoint can refuse, the after-checkpoint is still tried
+ *   when the before one was lost. A before-checkpoint refused for another reason stops the tool
+ *   even under "proceed". A write that already happened is never undone, so a missing
+ *   after-checkpoint, whatever the reason, is always only a warning.
  *
  * Unknown trigger names, from the caller or the server, are refused with a RangeError.
  */
 
+const { randomUUID } = require('node:crypto');
+const grpc = require('@grpc/grpc-js');
 const { AUTO_TRIGGERS } = require('./contract');
 const { CheckpointUnavailableError, CheckpointdError } = require('./errors');
 
 const AUTO_CREATE_ON_KEY = 'core.checkpoints.auto_create_on';
 const ON_UNAVAILABLE_KEY = 'core.checkpoints.on_unavailable';
+const CLIENT_DEADLINE_KEY = 'core.checkpoints.client_deadline_ms';
+/** The server's limits on source_tool and description (characters), as in the Python client. */
+const MAX_SOURCE_TOOL = 256;
+const MAX_DESCRIPTION = 4096;
 const ON_UNAVAILABLE_MODES = Object.freeze(['proceed', 'refuse']);
 /** The automatic triggers that belong to a tool call, in the order they fire. */
 const TOOL_TRIGGERS = Object.freeze(['before_tool_execute', 'after_tool_execute']);
@@ -30,7 +44,14 @@ const REMEMBERED_PLANS = 1024;
 const DEFAULT_POLICY = Object.freeze({
   enabled: Object.freeze([...AUTO_TRIGGERS]),
   onUnavailable: 'proceed',
+  deadlineMs: 5000,
 });
+
+/** The text clipped to `limit` characters (code points), its last one an ellipsis when clipped. */
+function clip(text, limit) {
+  const chars = Array.from(text);
+  return chars.length <= limit ? text : `${chars.slice(0, limit - 1).join('')}\u2026`;
+}
 
 /** Validates trigger names against the closed list of automatic triggers. */
 function checkTriggers(names, origin) {
@@ -63,7 +84,9 @@ class TriggerPolicy {
   async forPlan(planId) {
     let policy;
     try {
-      const entries = await this.client.listConfig({ planId });
+      // Bounded like a checkpoint call: by the plan's last known client_deadline_ms.
+      const deadlineMs = this.lastKnown.get(planId)?.deadlineMs ?? this.client.deadlineMs ?? DEFAULT_POLICY.deadlineMs;
+      const entries = await this.client.listConfig({ planId, deadlineMs });
       policy = this.fromEntries(entries);
       this.remember(planId, policy);
     } catch (error) {
@@ -89,7 +112,14 @@ class TriggerPolicy {
     if (!ON_UNAVAILABLE_MODES.includes(onUnavailable)) {
       throw new RangeError(`${ON_UNAVAILABLE_KEY}: unknown mode ${JSON.stringify(onUnavailable)}`);
     }
-    return { enabled: [...checkTriggers(byKey.get(AUTO_CREATE_ON_KEY), AUTO_CREATE_ON_KEY)], onUnavailable };
+    let deadlineMs = DEFAULT_POLICY.deadlineMs;
+    if (byKey.has(CLIENT_DEADLINE_KEY)) {
+      deadlineMs = byKey.get(CLIENT_DEADLINE_KEY);
+      if (!Number.isInteger(deadlineMs) || deadlineMs <= 0) {
+        throw new RangeError(`${CLIENT_DEADLINE_KEY}: expected a positive integer, got ${JSON.stringify(deadlineMs)}`);
+      }
+    }
+    return { enabled: [...checkTriggers(byKey.get(AUTO_CREATE_ON_KEY), AUTO_CREATE_ON_KEY)], onUnavailable, deadlineMs };
   }
 }
 
@@ -119,47 +149,69 @@ class ToolCheckpointInterceptor {
    */
   async around(call, invoke) {
     if (!this.client || !call.planId || call.readOnly === true) return invoke();
+    const started = Date.now();
     const policy = await this.policy.forPlan(call.planId);
     const wanted = TOOL_TRIGGERS.filter((t) => policy.enabled.has(t));
     if (wanted.length === 0) return invoke();
-    if (policy.unreachable) return this.unavailable(policy, call, wanted[0], policy.unreachable, invoke);
+    if (policy.unreachable) {
+      // The config read already found checkpointd down: no checkpoint is tried for this call.
+      if (policy.enabled.has('before_tool_execute')) this.refuseIfRequired(policy, call, policy.unreachable);
+      this.logger.warn(`checkpointd unreachable; running ${call.toolName} without checkpoints: ${policy.unreachable.message}`);
+      return invoke();
+    }
+    const toolCallId = randomUUID().replace(/-/g, '');
     if (policy.enabled.has('before_tool_execute')) {
       try {
-        await this.checkpoint(call, 'before_tool_execute');
+        const remainingMs = policy.deadlineMs - (Date.now() - started);
+        if (remainingMs <= 0) {
+          throw new CheckpointdError({
+            code: grpc.status.DEADLINE_EXCEEDED,
+            details: `checkpointd's settings could not be read within the ${policy.deadlineMs} ms deadline`,
+            reason: null,
+            domain: null,
+            metadata: {},
+            method: 'CreateCheckpoint',
+          });
+        }
+        await this.checkpoint(call, 'before_tool_execute', toolCallId, remainingMs);
       } catch (error) {
         if (!(error instanceof CheckpointdError) || !error.unreachable) throw error;
-        return this.unavailable(policy, call, 'before_tool_execute', error, invoke);
+        this.refuseIfRequired(policy, call, error);
+        this.logger.warn(
+          `checkpointd could not record the before_tool_execute checkpoint; running ${call.toolName} without it: ${error.message}`,
+        );
       }
     }
     const result = await invoke();
     if (policy.enabled.has('after_tool_execute')) {
       try {
-        await this.checkpoint(call, 'after_tool_execute');
+        await this.checkpoint(call, 'after_tool_execute', toolCallId, policy.deadlineMs);
       } catch (error) {
-        if (!(error instanceof CheckpointdError) || !error.unreachable) throw error;
-        this.logger.warn(`checkpointd unreachable; ${call.toolName} ran without an after_tool_execute checkpoint: ${error.message}`);
+        // The write happened: whatever the reason, the result stands and this is only a warning.
+        this.logger.warn(`${call.toolName} ran without an after_tool_execute checkpoint: ${error?.message ?? error}`);
       }
     }
     return result;
   }
 
-  checkpoint(call, trigger) {
+  checkpoint(call, trigger, toolCallId, deadlineMs) {
     return this.client.createCheckpoint(call.planId, {
       trigger,
-      sourceTool: call.toolName,
+      sourceTool: clip(call.toolName, MAX_SOURCE_TOOL),
+      labels: { tool_call_id: toolCallId },
+      description: clip(`${trigger} ${call.toolName}`, MAX_DESCRIPTION),
       workspaceRoot: call.workspaceRoot ?? '',
+      deadlineMs,
     });
   }
 
-  async unavailable(policy, call, trigger, error, invoke) {
-    if (policy.onUnavailable === 'refuse') {
-      throw new CheckpointUnavailableError(
-        `refusing to run ${call.toolName}: no ${trigger} checkpoint could be taken (${ON_UNAVAILABLE_KEY}=refuse)`,
-        { cause: error, toolName: call.toolName, trigger },
-      );
-    }
-    this.logger.warn(`checkpointd unreachable; running ${call.toolName} without checkpoints: ${error.message}`);
-    return invoke();
+  /** Under "refuse", a lost before-checkpoint stops the write tool. */
+  refuseIfRequired(policy, call, error) {
+    if (policy.onUnavailable !== 'refuse') return;
+    throw new CheckpointUnavailableError(
+      `refusing to run ${call.toolName}: no before_tool_execute checkpoint could be taken (${ON_UNAVAILABLE_KEY}=refuse)`,
+      { cause: error, toolName: call.toolName, trigger: 'before_tool_execute' },
+    );
   }
 }
 
@@ -194,4 +246,11 @@ class ToolRunner {
   }
 }
 
-module.exports = { AUTO_CREATE_ON_KEY, ON_UNAVAILABLE_KEY, ToolCheckpointInterceptor, ToolRunner, TriggerPolicy };
+module.exports = {
+  AUTO_CREATE_ON_KEY,
+  CLIENT_DEADLINE_KEY,
+  ON_UNAVAILABLE_KEY,
+  ToolCheckpointInterceptor,
+  ToolRunner,
+  TriggerPolicy,
+};

@@ -43,6 +43,7 @@ from checkpointd_client.policy import (
     CheckpointConfigWatcher,
     CheckpointSettings,
     FixedSettings,
+    PlanSettings,
     SettingsSource,
     TriggerPolicy,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "FileChange",
     "Plan",
     "FixedSettings",
+    "PlanSettings",
     "InvalidConfigValueError",
     "OnUnavailable",
     "RollbackResponse",

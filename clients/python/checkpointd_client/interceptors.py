@@ -5,12 +5,15 @@ TriggerPolicy whether to checkpoint. They know nothing about any particular runn
 describes the call with a small dataclass and hands over a callable (`around`) or uses the
 context manager (`guard`).
 
-With no CheckpointClient, or no plan_id, an interceptor does nothing at all. When checkpointd
-cannot record a checkpoint in time (unreachable, deadline exceeded, store full),
-`core.checkpoints.on_unavailable` decides: "proceed" logs a warning and carries on; "refuse" raises
-CheckpointUnavailableError before a write tool or sub-plan starts. Checkpoints taken after the
-fact (after_tool_execute, on_error) cannot stop what already happened, so their failures are
-only logged and never hide the tool's result or the original error.
+With no CheckpointClient, or no plan_id, an interceptor does nothing at all. The settings applied
+are those of the call's plan (a plan's override wins). When checkpointd cannot record a checkpoint
+in time (unreachable, deadline exceeded, store full: RESOURCE_EXHAUSTED with reason
+STORAGE_EXHAUSTED), `core.checkpoints.on_unavailable` decides: "proceed" logs a warning and carries
+on; "refuse" raises CheckpointUnavailableError before a write tool or sub-plan starts. A checkpoint
+refused for any other reason (a request over a limit, a workspace outside the server's roots)
+stops a write tool or sub-plan even under "proceed". Checkpoints taken after the fact
+(after_tool_execute, on_error) cannot stop what already happened, so their failures, whatever
+they are, are only logged and never hide the tool's result or the original error.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import grpc
 
 from checkpointd_client.client import Checkpoint, CheckpointClient
 from checkpointd_client.errors import CheckpointdRpcError, CheckpointUnavailableError
-from checkpointd_client.policy import UNAVAILABLE_CODES, TriggerPolicy
+from checkpointd_client.policy import TriggerPolicy, is_unavailable
 from checkpointd_client.vocabulary import AutoTrigger, OnUnavailable
 
 logger = logging.getLogger(__name__)
@@ -36,7 +39,10 @@ logger = logging.getLogger(__name__)
 SUBPLAN_SOURCE_TOOL = "subplan_execution_service"
 EXECUTOR_SOURCE_TOOL = "plan_executor"
 MAX_LABEL_VALUE = 256
+MAX_SOURCE_TOOL = 256
 MAX_DESCRIPTION = 4096
+# The server's limit on a checkpoint's plan state (CreateCheckpointRequest.state).
+MAX_STATE_BYTES = 16 * 1024 * 1024
 
 _Result = TypeVar("_Result")
 StateProvider = Callable[[], bytes]
@@ -89,7 +95,7 @@ class AutoCheckpointer:
             return None
         started = time.monotonic()
         # Waits (bounded) only for settings still being read for the first time in the background.
-        settings = self.policy.settings()
+        settings = self.policy.settings(plan_id)
         if not self.policy.is_enabled(trigger, settings):
             return None
         # One deadline for the whole step: a wait for the settings leaves the checkpoint less time.
@@ -101,18 +107,29 @@ class AutoCheckpointer:
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"checkpointd's settings could not be read within the {settings.client_deadline_s:g} s deadline",
                 )
+            state = plan_state() if plan_state is not None else b""
+            if len(state) > MAX_STATE_BYTES:
+                # Refused here as the server refuses it: a state over 32 MiB would not even reach it
+                # (gRPC's own RESOURCE_EXHAUSTED for a message over its request limit).
+                raise CheckpointdRpcError(
+                    "CreateCheckpoint",
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"state is longer than {MAX_STATE_BYTES}",
+                    reason="FIELD_TOO_LONG",
+                    metadata={"field": "state", "limit": str(MAX_STATE_BYTES)},
+                )
             return self.client.create_checkpoint(
                 plan_id,
                 trigger=trigger,
-                source_tool=source_tool,
+                source_tool=_clip(source_tool, MAX_SOURCE_TOOL),
                 labels=labels,
-                description=description,
-                state=plan_state() if plan_state is not None else b"",
+                description=_clip(description, MAX_DESCRIPTION),
+                state=state,
                 workspace_root=os.path.abspath(workspace_root) if workspace_root is not None else None,
                 timeout=remaining_s,
             )
         except CheckpointdRpcError as error:
-            if error.code not in UNAVAILABLE_CODES:
+            if not is_unavailable(error):
                 raise
             if settings.on_unavailable is OnUnavailable.REFUSE and _guards_an_action(trigger):
                 raise CheckpointUnavailableError(trigger, plan_id, error) from error
@@ -133,6 +150,7 @@ class ToolCall:
     tool_name: str
     plan_id: str | None
     workspace_root: PathLike | None = None
+    # Only True itself makes a call read-only (as `declares_read_only`); anything else may write.
     read_only: bool = False
     plan_state: StateProvider | None = None
 
@@ -170,14 +188,26 @@ class ToolCheckpointInterceptor:
         the before_tool_execute checkpoint of a write tool. Raises CheckpointUnavailableError
         when the tool must not run."""
         taken = ToolCheckpoints(tool_call_id=uuid.uuid4().hex)
-        if not call.read_only:
+        if call.read_only is not True:
             taken.before = self._record(AutoTrigger.BEFORE_TOOL_EXECUTE, call, taken)
         return taken
 
     def finish(self, call: ToolCall, taken: ToolCheckpoints) -> ToolCheckpoints:
-        """Step two of `guard`, only once the tool has succeeded: the after_tool_execute checkpoint."""
-        if not call.read_only:
-            taken.after = self._record(AutoTrigger.AFTER_TOOL_EXECUTE, call, taken)
+        """Step two of `guard`, only once the tool has succeeded: the after_tool_execute checkpoint.
+
+        Never raises (an Exception): the tool has run, so a checkpoint that could not be recorded,
+        for whatever reason, is a warning (logged and in `taken.warnings`), never an error that
+        would hide the tool's result."""
+        if call.read_only is not True:
+            try:
+                taken.after = self._record(AutoTrigger.AFTER_TOOL_EXECUTE, call, taken)
+            except Exception as error:  # noqa: BLE001 - the write happened: whatever failed only warns
+                warning = (
+                    f"the after_tool_execute checkpoint of plan {call.plan_id} could not be recorded "
+                    f"({error}); the tool's result stands"
+                )
+                logger.warning("%s", warning)
+                taken.warnings.append(warning)
         return taken
 
     def around(self, call: ToolCall, run: Callable[[], _Result]) -> _Result:

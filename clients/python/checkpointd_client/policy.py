@@ -2,8 +2,10 @@
 
 The server's `core.checkpoints.*` keys are read once and then kept fresh by a background
 WatchConfig stream that reconnects on its own, so every decision is a lookup in memory and a
-server that has gone away still leaves the last known answer behind. Each component then layers
-its own local switches on top ("the on_error trigger is disabled on the executor").
+server that has gone away still leaves the last known answer behind. A plan's own settings (its
+overrides win) are followed the same way, from its first checkpoint on (PlanSettings, bounded).
+Each component then layers its own local switches on top ("the on_error trigger is disabled on the
+executor").
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol, Self
@@ -27,10 +30,26 @@ logger = logging.getLogger(__name__)
 # close() waits this long for the watch thread (a daemon) before leaving it behind.
 CLOSE_TIMEOUT_S = 5.0
 
-# Failures that mean "checkpointd cannot answer right now", as opposed to a refused request.
-UNAVAILABLE_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
-)
+# Failures that mean "checkpointd cannot answer right now", as opposed to a refused request. A
+# RESOURCE_EXHAUSTED counts too, but only checkpointd's own "store full" (see is_unavailable).
+UNAVAILABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# The ErrorInfo reason of checkpointd's RESOURCE_EXHAUSTED: its store ran out of space.
+STORAGE_EXHAUSTED_REASON = "STORAGE_EXHAUSTED"
+# How many plans' own settings a connection follows at once (one WatchConfig stream each).
+MAX_WATCHED_PLANS = 32
+
+
+def is_unavailable(error: CheckpointdRpcError) -> bool:
+    """Whether a failed call means "checkpointd cannot record right now" (on_unavailable decides).
+
+    That is UNAVAILABLE, DEADLINE_EXCEEDED, and RESOURCE_EXHAUSTED with checkpointd's ErrorInfo
+    reason STORAGE_EXHAUSTED (its store is full). A RESOURCE_EXHAUSTED without that reason is gRPC's
+    own refusal of a message over the size limit: the request is wrong, like any refused request,
+    and retrying it later would not help. The Node client classifies the same way (errors.js).
+    """
+    if error.code in UNAVAILABLE_CODES:
+        return True
+    return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == STORAGE_EXHAUSTED_REASON
 
 
 @dataclass(frozen=True)
@@ -120,12 +139,16 @@ class CheckpointConfigWatcher:
         plan_id: str = "",
         reconnect_backoff_s: tuple[float, float] = (0.1, 1.0),
         watch_deadline_s: float = 300.0,
+        initial: CheckpointSettings | None = None,
     ) -> None:
         self._config = config
         self._plan_id = plan_id
         self._backoff_initial_s, self._backoff_max_s = reconnect_backoff_s
         self._watch_deadline_s = watch_deadline_s
-        self._settings = CheckpointSettings()
+        # `initial`: what applies until the first read (the registry defaults unless given).
+        self._settings = initial if initial is not None else CheckpointSettings()
+        # Where each key's value came from (config_service_pb2.ConfigSource), once read.
+        self._sources: dict[str, int] = {}
         self._refused: dict[str, Exception] = {}
         self._fetched = False
         # True from a background start until its first read has ended (answered or failed).
@@ -134,6 +157,11 @@ class CheckpointConfigWatcher:
         self._closed = threading.Event()
         self._stream: ConfigWatch | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def plan_id(self) -> str:
+        """The plan whose effective settings this follows ("" for the global ones)."""
+        return self._plan_id
 
     @property
     def fetched(self) -> bool:
@@ -146,6 +174,14 @@ class CheckpointConfigWatcher:
             if self._first_read_pending:
                 self._changed.wait_for(lambda: not self._first_read_pending, timeout=FIRST_READ_WAIT_S)
         return self._known()
+
+    def known_with_sources(self, timeout: float) -> tuple[CheckpointSettings, dict[str, int]]:
+        """The settings and each read key's source, after waiting at most `timeout` seconds for a
+        first read still under way."""
+        with self._changed:
+            if self._first_read_pending:
+                self._changed.wait_for(lambda: not self._first_read_pending, timeout=timeout)
+            return self._known(), dict(self._sources)
 
     def _known(self) -> CheckpointSettings:
         """The settings as known now, without waiting for a first read."""
@@ -163,7 +199,7 @@ class CheckpointConfigWatcher:
                 for key in self.WATCHED_KEYS
             ]
         except CheckpointdRpcError as error:
-            if error.code not in UNAVAILABLE_CODES:
+            if not is_unavailable(error):
                 raise
             logger.warning("checkpointd config unreachable (%s); using %s settings", error, self._cache_kind())
             return self._known()
@@ -226,6 +262,7 @@ class CheckpointConfigWatcher:
                     # Says when a change made on the server is in force here (operators, and tests, wait on it).
                     logger.info("checkpointd config %s is now %s (%s)", entry.key, json.dumps(value), _source(entry))
                 self._settings = settings
+                self._sources[entry.key] = entry.source
             except ValueError as error:
                 logger.error("refusing checkpointd config %s from the server: %s", entry.key, error)
                 self._refused[entry.key] = error
@@ -283,6 +320,113 @@ class CheckpointConfigWatcher:
             backoff_s = min(backoff_s * 2, self._backoff_max_s)
 
 
+# The CheckpointSettings field each key sets.
+_FIELDS = {
+    ConfigKey.AUTO_CREATE_ON.value: "auto_create_on",
+    ConfigKey.ON_UNAVAILABLE.value: "on_unavailable",
+    ConfigKey.CLIENT_DEADLINE_MS.value: "client_deadline_s",
+}
+
+
+class PlanSettings:
+    """Each plan's own settings (a plan's override wins), on top of a connection's watcher.
+
+    `current()` is the connection watcher's (global, or its bound plan's) settings; `for_plan(id)`
+    those in force for one plan. The first call for a plan starts a watcher of that plan's effective
+    values (a WatchConfig stream with its plan_id, read once, then kept fresh like the connection's
+    own) and waits for its first read within the client deadline; later calls are lookups in
+    memory. At most `max_plans` plans are followed, the least recently used one is dropped (its
+    stream ended) for a new one. For each key, a value set on the plan itself comes from the plan's
+    watcher; any other (global or default) from the connection's, which learns of a global change
+    first when it watches the global values. While a plan's settings cannot be read, the
+    connection's apply.
+    """
+
+    def __init__(
+        self,
+        config: ConfigClient,
+        base: CheckpointConfigWatcher,
+        *,
+        max_plans: int = MAX_WATCHED_PLANS,
+        watcher_options: dict[str, object] | None = None,
+    ) -> None:
+        self._config = config
+        self._base = base
+        self._max_plans = max_plans
+        self._watcher_options = dict(watcher_options or {})
+        self._plans: OrderedDict[str, CheckpointConfigWatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def base(self) -> CheckpointConfigWatcher:
+        return self._base
+
+    def watched_plans(self) -> list[str]:
+        """The plans followed now, least recently used first."""
+        with self._lock:
+            return list(self._plans)
+
+    def current(self) -> CheckpointSettings:
+        return self._base.current()
+
+    def for_plan(self, plan_id: str | None) -> CheckpointSettings:
+        base_settings = self._base.current()
+        if not plan_id or plan_id == self._base.plan_id:
+            return base_settings
+        watcher = self._watcher(plan_id, base_settings)
+        if watcher is None:
+            return base_settings
+        plan_settings, plan_sources = watcher.known_with_sources(timeout=base_settings.client_deadline_s)
+        _, base_sources = self._base.known_with_sources(timeout=0)
+        merged: dict[str, object] = {}
+        for key, attribute in _FIELDS.items():
+            plan_source = plan_sources.get(key)
+            if plan_source == config_service_pb2.CONFIG_SOURCE_PLAN:
+                merged[attribute] = getattr(plan_settings, attribute)
+            elif base_sources.get(key) != config_service_pb2.CONFIG_SOURCE_PLAN:
+                merged[attribute] = getattr(base_settings, attribute)  # global or default: the same for every plan
+            elif plan_source is not None:
+                merged[attribute] = getattr(plan_settings, attribute)
+            else:  # the base is another plan's override and this plan's value is unknown
+                merged[attribute] = getattr(CheckpointSettings(), attribute)
+        return replace(base_settings, **merged)
+
+    def _watcher(self, plan_id: str, seed: CheckpointSettings) -> CheckpointConfigWatcher | None:
+        evicted: CheckpointConfigWatcher | None = None
+        with self._lock:
+            if self._closed:
+                return None
+            watcher = self._plans.get(plan_id)
+            if watcher is not None:
+                self._plans.move_to_end(plan_id)
+                return watcher
+            watcher = CheckpointConfigWatcher(self._config, plan_id=plan_id, initial=seed, **self._watcher_options)
+            self._plans[plan_id] = watcher
+            if len(self._plans) > self._max_plans:
+                _, evicted = self._plans.popitem(last=False)
+            watcher.start(wait=False)
+        if evicted is not None:
+            evicted.stop()
+        return watcher
+
+    def stop(self) -> None:
+        """Stop following every plan (and refuse new ones), without waiting for the threads."""
+        with self._lock:
+            self._closed = True
+            watchers = list(self._plans.values())
+        for watcher in watchers:
+            watcher.stop()
+
+    def close(self) -> None:
+        self.stop()
+        with self._lock:
+            watchers = list(self._plans.values())
+            self._plans.clear()
+        for watcher in watchers:
+            watcher.close()
+
+
 class TriggerPolicy:
     """Decides whether an automatic trigger fires: server config AND this component's local switches."""
 
@@ -304,7 +448,12 @@ class TriggerPolicy:
     def locally_disabled(self) -> frozenset[AutoTrigger]:
         return self._disabled
 
-    def settings(self) -> CheckpointSettings:
+    def settings(self, plan_id: str | None = None) -> CheckpointSettings:
+        """The settings in force; for `plan_id`, that plan's own where the source knows them
+        (a PlanSettings: a plan's override wins)."""
+        for_plan = getattr(self._source, "for_plan", None)
+        if plan_id and for_plan is not None:
+            return for_plan(plan_id)
         return self._source.current()
 
     def is_enabled(self, trigger: str | AutoTrigger, settings: CheckpointSettings | None = None) -> bool:

@@ -13,7 +13,7 @@ from checkpointd_client.interceptors import (
     SubplanCheckpointInterceptor,
     ToolCheckpointInterceptor,
 )
-from checkpointd_client.policy import CheckpointConfigWatcher, TriggerPolicy
+from checkpointd_client.policy import CheckpointConfigWatcher, PlanSettings, TriggerPolicy
 from checkpointd_client.targets import default_target
 from checkpointd_client.vocabulary import AutoTrigger
 
@@ -27,7 +27,9 @@ class Checkpointd:
     settings are never read and the registry defaults apply (useful for plain client use).
     With `settings_in_background=True` they are read in the background, so constructing this never
     waits on checkpointd; a checkpoint asked for meanwhile waits for them within its own deadline
-    (see `CheckpointConfigWatcher.start`).
+    (see `CheckpointConfigWatcher.start`). `plan_id` makes `settings` that plan's (as the MCP proxy
+    does for its one plan); whatever it is, each interceptor applies the settings of the plan of
+    the call it wraps (`plan_settings`: a plan's override wins).
     `credentials` and `server_name` connect over TLS (see `open_channel`); `token` is the
     server's bearer token.
     """
@@ -49,6 +51,7 @@ class Checkpointd:
         self.checkpoints = CheckpointClient(self.channel, deadline_s=deadline_s, token=token)
         self.config = ConfigClient(self.channel, deadline_s=deadline_s, token=token)
         self.settings = CheckpointConfigWatcher(self.config, plan_id=plan_id)
+        self.plan_settings = PlanSettings(self.config, self.settings)
         self._watching = watch_config
         if watch_config:
             try:
@@ -59,7 +62,7 @@ class Checkpointd:
 
     def policy(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> TriggerPolicy:
         """A policy on the shared server settings with this component's own local switches."""
-        return TriggerPolicy(self.settings if self._watching else None, disabled=disabled)
+        return TriggerPolicy(self.plan_settings if self._watching else None, disabled=disabled)
 
     def tool_interceptor(self, *, disabled: Iterable[str | AutoTrigger] = ()) -> ToolCheckpointInterceptor:
         return ToolCheckpointInterceptor(self.checkpoints, self.policy(disabled=disabled))
@@ -72,10 +75,12 @@ class Checkpointd:
 
     def close(self) -> None:
         if self._watching:
+            self.plan_settings.stop()
             self.settings.stop()
-        # Closing the channel also ends a settings read in flight, so the watcher stops at once.
+        # Closing the channel also ends a settings read in flight, so the watchers stop at once.
         self.channel.close()
         if self._watching:
+            self.plan_settings.close()
             self.settings.close()
 
     def __enter__(self) -> Self:
