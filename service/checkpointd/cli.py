@@ -13,11 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
-from checkpointd.commands import register_commands
-from checkpointd.defaults import DEFAULT_TCP, SOCKET_NAME, default_data_dir
-from checkpointd.logging_setup import LogFormat
-from checkpointd.logging_setup import configure as configure_logging
-from checkpointd.serve_options import STARTUP_ERRORS, add_operations_options, operations_settings
+# Only the standard library at module level: everything else is imported inside main(), where
+# Ctrl-C while it loads (seconds: the client, SQLAlchemy, alembic) is a plain interruption (_load).
 
 
 def _env_list(name: str, separator: str) -> list[str]:
@@ -31,7 +28,11 @@ def _on_off(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from checkpointd.commands import register_commands
     from checkpointd.core.store.db_store import StoreKind
+    from checkpointd.defaults import DEFAULT_TCP, default_data_dir
+    from checkpointd.logging_setup import log_level
+    from checkpointd.serve_options import add_operations_options, seconds
 
     parser = argparse.ArgumentParser(
         prog="checkpointd",
@@ -76,11 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch workspaces (inotify) so that a checkpoint re-examines only what changed; 'off' scans the "
              "whole workspace at every checkpoint. Env CHECKPOINTD_WATCHER. Default: on",
     )
-    serve.add_argument("--grace-seconds", type=float, default=float(os.environ.get("CHECKPOINTD_GRACE_SECONDS", 30)),
+    # A string default goes through ``type`` when serve is parsed, and only then: a garbage
+    # CHECKPOINTD_* value is serve's usage error, never every other command's traceback.
+    serve.add_argument("--grace-seconds", type=seconds, default=os.environ.get("CHECKPOINTD_GRACE_SECONDS", "30"),
                        metavar="SECONDS",
                        help="how long a shutdown waits for in-flight calls. Env CHECKPOINTD_GRACE_SECONDS. "
                             "Default: 30")
-    serve.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"), metavar="LEVEL",
+    serve.add_argument("--log-level", type=log_level, default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
+                       metavar="LEVEL",
                        help="logging level (DEBUG, INFO, WARNING, ERROR). Env CHECKPOINTD_LOG_LEVEL. Default: INFO")
     add_operations_options(serve)
     register_commands(commands)
@@ -89,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def server_settings(args: argparse.Namespace):
     """The ServerSettings that ``serve`` runs with, flags first, then CHECKPOINTD_* variables."""
+    from checkpointd.defaults import DEFAULT_TCP, SOCKET_NAME
+    from checkpointd.serve_options import operations_settings
     from checkpointd.server import ServerSettings
 
     data_dir = Path(args.data_dir).expanduser().resolve()
@@ -108,26 +114,37 @@ def server_settings(args: argparse.Namespace):
 
 def serve(args: argparse.Namespace) -> int:
     from checkpointd.core.kernel import heap
+    from checkpointd.logging_setup import LogFormat
+    from checkpointd.logging_setup import configure as configure_logging
     from checkpointd.server import CheckpointdServer
 
     configure_logging(args.log_level, LogFormat(args.log_format))
     settings = server_settings(args)
     server = CheckpointdServer(settings)
+    # From here on, SIGTERM/SIGINT are only noted until the server has started (a KeyboardInterrupt
+    # raised inside the heap freeze's collection would be swallowed there as "Exception ignored"),
+    # then they drain it like any later one.
+    pending: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, _frame: pending.append(received))
     # What the server has built lives as long as the process: out of the collector's sight.
     heap.freeze_startup_heap()
     server.start()
-    if server.metrics_address:
-        print(f"checkpointd metrics: http://{server.metrics_address}/metrics", flush=True)
-    print(f"checkpointd ready: listening on {' '.join(server.addresses)}; data dir {settings.data_dir}; "
-          f"workspace roots {' '.join(settings.workspace_roots)}", flush=True)
-
-    install_signal_handlers(server)
+    shutdown = install_signal_handlers(server)
+    if pending:
+        shutdown(pending[0], None)
+    else:
+        if server.metrics_address:
+            print(f"checkpointd metrics: http://{server.metrics_address}/metrics", flush=True)
+        print(f"checkpointd ready: listening on {' '.join(server.addresses)}; data dir {settings.data_dir}; "
+              f"workspace roots {' '.join(settings.workspace_roots)}", flush=True)
     server.wait()
-    return 0
+    return 1 if server.teardown_failed else 0
 
 
-def install_signal_handlers(server) -> None:
-    """SIGTERM/SIGINT start a graceful drain on another thread (see CheckpointdServer.stop)."""
+def install_signal_handlers(server):
+    """SIGTERM/SIGINT start a graceful drain on another thread (see CheckpointdServer.stop);
+    returns the handler."""
 
     def shutdown(signum, _frame) -> None:
         logging.getLogger("checkpointd").info("received %s, draining", signal.Signals(signum).name)
@@ -135,14 +152,29 @@ def install_signal_handlers(server) -> None:
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
+    return shutdown
 
 
 def main(argv: list[str] | None = None) -> int:
-    from checkpointd.commands.failures import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
-
+    # Ctrl-C is only noted while modules load and the arguments are parsed (a KeyboardInterrupt
+    # raised in the middle of an import can land in a garbage collector callback, where Python
+    # prints it as a traceback and goes on), and acted on once that is done.
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
     try:
+        from checkpointd.commands.failures import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
+        from checkpointd.serve_options import STARTUP_ERRORS
+
         parser = build_parser()
         args = parser.parse_args(argv)
+        if args.command == "serve":
+            import checkpointd.server  # noqa: F401  (seconds of imports, before anything starts)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        print(f"checkpointd: interrupted while loading, {NOTHING_CHANGED}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    try:
         if args.command == "serve":
             try:
                 return serve(args)
@@ -152,7 +184,15 @@ def main(argv: list[str] | None = None) -> int:
                 # Before the signal handlers are in place: start-up is cut short, no call was served.
                 print("checkpointd serve: interrupted while starting", file=sys.stderr)
                 return INTERRUPTED_EXIT
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is seen below
+        return code
+    except BrokenPipeError:
+        # The reader of stdout stopped early (`checkpointd ... | head`): not an error.
+        from checkpointd.commands.render import reader_gone
+
+        reader_gone()
+        return 0
     except Interrupted as interrupted:
         print(f"checkpointd: {interrupted}", file=sys.stderr)
         return INTERRUPTED_EXIT

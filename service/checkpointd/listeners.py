@@ -7,6 +7,7 @@ import errno
 import ipaddress
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +49,46 @@ def parse_tcp(address: str) -> Listener:
     return Listener(host=host, port=int(port))
 
 
+#: The longest path a unix socket can have (sockaddr_un.sun_path holds 108 bytes with the final NUL).
+MAX_UNIX_PATH_BYTES = 107
+
+
 def parse_listen(address: str) -> Listener:
     if address.startswith("unix:"):
         path = address.removeprefix("unix://") if address.startswith("unix://") else address.removeprefix("unix:")
         if not path.startswith("/"):
             raise ListenerError(f"unix listen address must be unix:///absolute/path, got {address!r}")
+        if len(os.fsencode(path)) > MAX_UNIX_PATH_BYTES:
+            raise ListenerError(f"unix socket path {path} is {len(os.fsencode(path))} bytes long; the most a socket "
+                                f"path can have is {MAX_UNIX_PATH_BYTES}: give a shorter one with --listen "
+                                "unix:///PATH (env CHECKPOINTD_LISTEN)")
         return Listener(unix_path=path)
     return parse_tcp(address)
+
+
+def stale_socket(path: str) -> bool:
+    """Whether ``path`` holds a socket file nothing listens on (left by a server that died), which
+    a new server may replace. False when nothing is there; ListenerError when something is that
+    must not be touched: a live socket, or anything that is not a socket (a user's file, a
+    directory, a symlink), which is never deleted."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ListenerError(f"cannot use unix socket path {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a symlink" if stat.S_ISLNK(st.st_mode) else \
+            "a file that is not a socket"
+        raise ListenerError(f"{path} is {kind}: refusing to replace it with a unix socket; remove it, or give "
+                            "this server another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return True
+    raise ListenerError(f"another server is listening on unix socket {path}: stop it, or give this server "
+                        "another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
 
 
 def _held_elsewhere(listener: Listener) -> str:
@@ -74,14 +108,8 @@ def check_address_free(listener: Listener) -> None:
     stale file is replaced later). gRPC itself binds a moment later: a process that takes the
     address in between makes that bind fail, which the server reports too (ListenerError)."""
     if listener.is_unix:
-        if not os.path.exists(listener.unix_path):
-            return
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(listener.unix_path)
-            except OSError:
-                return
-        raise ListenerError(_held_elsewhere(listener))
+        stale_socket(listener.unix_path)  # refuses a live socket and anything that is not a socket
+        return
     if listener.port == 0:
         return
     try:

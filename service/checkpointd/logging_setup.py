@@ -34,6 +34,19 @@ class LogFormat(enum.StrEnum):
     JSON = "json"
 
 
+#: The levels --log-level accepts (any case).
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """A --log-level value (an argparse type): one of LEVELS, any case; anything else is a usage error."""
+    import argparse
+
+    if text.upper() not in LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level: one of {', '.join(LEVELS)}")
+    return text.upper()
+
+
 @contextlib.contextmanager
 def request_context(**values: str) -> Iterator[None]:
     """Sets the context fields named in ``values`` for the duration of one call."""

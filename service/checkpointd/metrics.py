@@ -25,7 +25,7 @@ from checkpointd.core.maintenance.retention import store_footprint
 from checkpointd.core.maintenance.usage import PlansUsage
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.db_store import DatabaseStore
-from checkpointd.listeners import Listener, parse_tcp
+from checkpointd.listeners import Listener, ListenerError, parse_tcp
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 #: A sync to a local disk takes about a millisecond: finer below it.
@@ -228,7 +228,11 @@ class PrometheusMetrics(telemetry.Sink):
     def serve(self, address: str) -> str:
         """Starts the /metrics endpoint on HOST:PORT; returns the bound address."""
         listener: Listener = parse_tcp(address)
-        self._http, _thread = start_http_server(listener.port, addr=listener.host, registry=self.registry)
+        try:
+            self._http, _thread = start_http_server(listener.port, addr=listener.host, registry=self.registry)
+        except OSError as exc:
+            raise ListenerError(f"cannot serve metrics on {address}: {exc.strerror or exc}; pick another address "
+                                "with --metrics-listen HOST:PORT (env CHECKPOINTD_METRICS_LISTEN)") from None
         port = self._http.server_address[1]
         return f"{listener.display_host}:{port}"
 

@@ -17,11 +17,20 @@ from checkpointd.logging_setup import LogFormat
 
 
 class OptionError(ValueError):
-    """Serve options that contradict each other or name something unusable."""
+    """Serve options that contradict each other or name something unusable (a data dir that is a
+    file, a database that cannot be opened)."""
 
 
 #: Errors that mean "the server cannot start as configured": reported as one line, exit 2.
 STARTUP_ERRORS = (OptionError, ListenerError, TokenError, DataDirBusy, SchemaError, DatabaseUrlError)
+
+
+def first_line(error: BaseException) -> str:
+    """What an error says, in one line: a database driver's own message without the SQL and the
+    links SQLAlchemy adds to it (nor the URL, so no password)."""
+    cause = getattr(error, "orig", None)
+    text = str(cause if cause is not None else error).strip()
+    return text.splitlines()[0].strip() if text else type(error).__name__
 
 
 def _env(name: str, default: str = "") -> str:
@@ -53,7 +62,14 @@ def _open_services(text: str) -> frozenset[OpenService]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of {known}, or none") from None
 
 
-def _seconds(text: str) -> float:
+def _log_format(text: str) -> LogFormat:
+    try:
+        return LogFormat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected text or json") from None
+
+
+def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -96,16 +112,16 @@ def add_operations_options(serve: argparse.ArgumentParser) -> None:
     ops.add_argument("--metrics-listen", default=_env("METRICS_LISTEN"), metavar="HOST:PORT",
                      help="serve Prometheus metrics at http://HOST:PORT/metrics. Env CHECKPOINTD_METRICS_LISTEN. "
                           "Default: none (no metrics endpoint)")
-    ops.add_argument("--log-format", choices=[f.value for f in LogFormat], default=_env("LOG_FORMAT", "text"),
+    ops.add_argument("--log-format", type=_log_format, default=_env("LOG_FORMAT", "text"), metavar="{text,json}",
                      help="text, or JSON lines carrying plan_id, checkpoint_id and request_id. "
                           "Env CHECKPOINTD_LOG_FORMAT. Default: text")
     ops.add_argument(
-        "--gc-interval", type=_seconds, default=_env("GC_INTERVAL", "0"), metavar="SECONDS",
+        "--gc-interval", type=seconds, default=_env("GC_INTERVAL", "0"), metavar="SECONDS",
         help="apply retention (core.retention.* config keys) and collect unreferenced content every SECONDS; "
              "0 disables. With the disk store this server must then be the only one on its data dir. "
              "Env CHECKPOINTD_GC_INTERVAL. Default: 0 (off)")
     ops.add_argument(
-        "--usage-interval", type=_seconds, default=_env("USAGE_INTERVAL", "300"), metavar="SECONDS",
+        "--usage-interval", type=seconds, default=_env("USAGE_INTERVAL", "300"), metavar="SECONDS",
         help="with --metrics-listen, measure what each plan's checkpoints take in the content store "
              "(checkpointd_plan_store_bytes) at start-up and then every SECONDS, in the background; 0 disables. "
              "Env CHECKPOINTD_USAGE_INTERVAL. Default: 300")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
-import socket
+import secrets
+import stat
 import threading
 import time
 from collections.abc import Coroutine
@@ -26,6 +26,8 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from checkpoint.v1 import (
     admin_service_pb2,
@@ -55,13 +57,17 @@ from checkpointd.core.metadata.db import Database
 from checkpointd.core.restore.journal import LEGACY_DIRECTORY
 from checkpointd.core.store.db_store import StoreKind, open_store
 from checkpointd.listeners import (
+    MAX_UNIX_PATH_BYTES,
     Listener,
     ListenerError,
     TlsFiles,
     check_address_free,
     is_loopback,
     parse_listen,
+    parse_tcp,
+    stale_socket,
 )
+from checkpointd.serve_options import OptionError, first_line
 
 log = logging.getLogger("checkpointd")
 T = TypeVar("T")
@@ -127,20 +133,12 @@ class ServerSettings:
 
 
 def _prepare_unix_socket(path: str) -> None:
-    """Removes a stale socket file left by a crashed server; refuses to steal a live one."""
-    if not os.path.exists(path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return
-    probe = socket.socket(socket.AF_UNIX)
-    try:
-        probe.connect(path)
-    except OSError:
+    """Removes a stale socket file left by a crashed server; refuses to steal a live one, and
+    never removes anything that is not a socket (see listeners.stale_socket)."""
+    if stale_socket(path):
         os.unlink(path)
     else:
-        raise ListenerError(f"another server is listening on unix socket {path}: stop it, or give this server "
-                            "another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
-    finally:
-        probe.close()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def check_listener_security(listeners: list[Listener], settings: ServerSettings) -> None:
@@ -160,6 +158,69 @@ def check_listener_security(listeners: list[Listener], settings: ServerSettings)
                         "consider --tls-cert/--tls-key", listener.grpc_address)
 
 
+def _make_data_dir(data_dir: Path) -> None:
+    """Creates the data directory (and its parents); one line when it cannot be one."""
+    if os.path.lexists(data_dir) and not data_dir.is_dir():
+        raise OptionError(f"data directory {data_dir} exists and is not a directory: give another with --data-dir "
+                          "(env CHECKPOINTD_DATA_DIR)")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OptionError(f"cannot create data directory {data_dir}: {exc.strerror}") from None
+
+
+def _shown_url(settings: ServerSettings) -> str:
+    """The database as an error names it: the SQLite file, or the URL without its password."""
+    if not settings.db_url:
+        return str(settings.data_dir / "checkpointd.db")
+    try:
+        return make_url(settings.db_url).render_as_string(hide_password=True)
+    except Exception:  # a URL SQLAlchemy cannot parse is named by its scheme only
+        return settings.db_url.partition(":")[0] + " URL"
+
+
+def _private_socket_name(path: str) -> str:
+    """A name in ``path``'s directory for gRPC to bind, no longer than a socket path may be; the
+    path itself when there is no room for one."""
+    directory = os.path.dirname(path)
+    candidate = os.path.join(directory, f".checkpointd-{os.getpid()}-{secrets.token_hex(4)}.sock")
+    return candidate if len(os.fsencode(candidate)) <= MAX_UNIX_PATH_BYTES else path
+
+
+def _link_into_place(bound: str, path: str) -> None:
+    """Gives the socket bound at ``bound`` the name ``path`` (a hard link, which never replaces
+    anything that appeared at ``path`` meanwhile), then drops ``bound``."""
+    appeared = (f"{path} appeared while this server was binding it: refusing to replace it; give this server "
+                "another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
+    try:
+        os.link(bound, path)
+    except FileExistsError:
+        os.unlink(bound)
+        raise ListenerError(appeared) from None
+    except OSError:
+        # A file system without hard links: a rename, unless something is there now.
+        if os.path.lexists(path):
+            os.unlink(bound)
+            raise ListenerError(appeared) from None
+        os.rename(bound, path)
+        return
+    os.unlink(bound)
+
+
+def _remove_own_socket(path: str, identity: tuple[int, int, int]) -> None:
+    """Unlinks ``path`` only if it is still the socket file this server bound (the same st_dev,
+    st_ino and st_ctime_ns): a socket another server has made there since, or anything else, is
+    left alone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino, st.st_ctime_ns) == identity:
+        os.unlink(path)
+    else:
+        log.warning("leaving %s alone: it is no longer the socket this server made", path)
+
+
 class CheckpointdServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -170,18 +231,24 @@ class CheckpointdServer:
         # Before anything is created: a busy address must not leave a new database behind.
         for listener in listeners:
             check_address_free(listener)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if settings.metrics_listen:
+            check_address_free(parse_tcp(settings.metrics_listen))
+        _make_data_dir(settings.data_dir)
         self.db = Database(settings.database_url)
         self._serving_lock = ServingLock(Path(self.db.sqlite_path)).acquire() if self.db.sqlite_path else None
         self._data_lock: DataDirLock | None = None
-        if needs_data_dir_lock(settings.store, self.db):
-            try:
+        try:
+            if needs_data_dir_lock(settings.store, self.db):
                 self._data_lock = DataDirLock.for_server(settings.data_dir, settings.store,
                                                          settings.gc_interval_seconds).acquire()
-            except BaseException:
-                self._release_locks()
-                raise
-        self.db.migrate()
+            self.db.migrate()
+        except SQLAlchemyError as exc:
+            self._release_locks()
+            self.db.dispose()
+            raise OptionError(f"cannot use the database {_shown_url(settings)}: {first_line(exc)}") from None
+        except BaseException:
+            self._release_locks()
+            raise
         self.store = open_store(settings.store, self.db, settings.data_dir)
         self.config = ConfigStore(self.db)
         self.checkpoints = Checkpoints(self.db, self.store, self.config,
@@ -204,7 +271,10 @@ class CheckpointdServer:
         self._loop_thread.start()
         self.addresses: list[str] = []
         self.metrics_address = ""
-        self._unix_paths: list[str] = []
+        #: The unix sockets this server made: path and (st_dev, st_ino, st_ctime_ns) once bound.
+        self._unix_paths: list[tuple[str, tuple[int, int, int]]] = []
+        #: Set when a step of stop()'s teardown failed (logged); serve then exits 1.
+        self.teardown_failed = False
         self._maintenance_thread: threading.Thread | None = None
         self._usage_thread: threading.Thread | None = None
         self._on_loop(self._build(listeners))
@@ -250,14 +320,27 @@ class CheckpointdServer:
         if listener.is_unix:
             path = listener.unix_path
             _prepare_unix_socket(path)
+            # gRPC binds a private name beside the path, which is then linked into place: gRPC's own
+            # shutdown unlinks whatever socket is at the name it bound, and that name is gone by then,
+            # so a socket another server has made at the path since is not removed (stop() removes
+            # the path only while it is still this server's socket).
+            bound = _private_socket_name(path)
             # The socket file is created here: owner-only from the first instant, then widened.
             previous = os.umask(0o177)
             try:
-                self.server.add_insecure_port(f"unix://{path}")
+                self.server.add_insecure_port(f"unix://{bound}")
+            except RuntimeError:  # grpc's "Failed to bind"
+                raise ListenerError(f"cannot listen on unix socket {path}: gRPC could not bind it; give another "
+                                    "with --listen unix:///PATH (env CHECKPOINTD_LISTEN)") from None
             finally:
                 os.umask(previous)
-            os.chmod(path, self.settings.socket_mode)
-            self._unix_paths.append(path)
+            os.chmod(bound, self.settings.socket_mode)
+            if bound != path:
+                _link_into_place(bound, path)
+            # Its inode number alone could be a new file's (a freed inode is soon reused): the ctime
+            # tells them apart.
+            made = os.lstat(path)
+            self._unix_paths.append((path, (made.st_dev, made.st_ino, made.st_ctime_ns)))
             return f"unix://{path}"
         address = listener.grpc_address
         try:
@@ -275,7 +358,12 @@ class CheckpointdServer:
     def start(self) -> None:
         if self.metrics is not None:
             telemetry.bind(self.metrics)
-            self.metrics_address = self.metrics.serve(self.settings.metrics_listen)
+            try:
+                self.metrics_address = self.metrics.serve(self.settings.metrics_listen)
+            except ListenerError:
+                # Taken since __init__ looked: nothing served yet; the socket files and locks go.
+                self.stop(0)
+                raise
         self._on_loop(self._start())
         if self.settings.gc_interval_seconds > 0:
             self._maintenance_thread = threading.Thread(target=self._maintenance_loop, name="maintenance",
@@ -344,47 +432,69 @@ class CheckpointdServer:
         grace = self.settings.grace_seconds if grace is None else grace
         deadline = time.monotonic() + grace
         self._stopping.set()
-        self._on_loop(self.health.enter_graceful_shutdown())
-        self.drain.begin()
-        self.config.wake_all()
-        log.info("draining: %d call(s) in flight", self.drain.in_flight)
-        if not self.drain.wait_idle(grace):
-            log.warning("grace period of %ss ended with %d call(s) still running; answering them UNAVAILABLE",
-                        grace, self.drain.in_flight)
-            self._loop.call_soon_threadsafe(self.drain.cut_off)
-            self.drain.wait_idle(CUT_OFF_ANSWER_SECONDS)
-            deadline = time.monotonic() + CUT_OFF_ANSWER_SECONDS
-        # A call's handler has returned, but its response may still be on its way (a large one, a
-        # slow client): stopping with a grace lets gRPC finish sending what is in flight; whatever
-        # still runs when the grace period ends (an open health Watch stream) is cancelled.
-        remaining = max(0.0, deadline - time.monotonic())
-        log.info("every call has finished; waiting for their responses to be sent (at most %.1fs)", remaining)
         try:
-            # Bounded: grpcio's stop can hang after a streaming call was cancelled (grpc/grpc#28999),
-            # and a drain must end, whatever is left unsent then.
-            self._on_loop(self.server.stop(remaining), timeout=remaining + STOP_SLACK_SECONDS)
-        except concurrent.futures.TimeoutError:
-            log.warning("gRPC's server had not stopped %.1fs after its grace period; stopping anyway",
-                        STOP_SLACK_SECONDS)
+            self._on_loop(self.health.enter_graceful_shutdown())
+            self.drain.begin()
+            self.config.wake_all()
+            log.info("draining: %d call(s) in flight", self.drain.in_flight)
+            if not self.drain.wait_idle(grace):
+                log.warning("grace period of %ss ended with %d call(s) still running; answering them UNAVAILABLE",
+                            grace, self.drain.in_flight)
+                self._loop.call_soon_threadsafe(self.drain.cut_off)
+                self.drain.wait_idle(CUT_OFF_ANSWER_SECONDS)
+                deadline = time.monotonic() + CUT_OFF_ANSWER_SECONDS
+            # A call's handler has returned, but its response may still be on its way (a large one, a
+            # slow client): stopping with a grace lets gRPC finish sending what is in flight; whatever
+            # still runs when the grace period ends (an open health Watch stream) is cancelled.
+            remaining = max(0.0, deadline - time.monotonic())
+            log.info("every call has finished; waiting for their responses to be sent (at most %.1fs)", remaining)
+            try:
+                # Bounded: grpcio's stop can hang after a streaming call was cancelled (grpc/grpc#28999),
+                # and a drain must end, whatever is left unsent then.
+                self._on_loop(self.server.stop(remaining), timeout=remaining + STOP_SLACK_SECONDS)
+            except concurrent.futures.TimeoutError:
+                log.warning("gRPC's server had not stopped %.1fs after its grace period; stopping anyway",
+                            STOP_SLACK_SECONDS)
+        except Exception:
+            self._teardown_error("draining")
+        # Each step runs whatever an earlier one hit, and the process always gets to exit.
+        try:
+            self._teardown("stopping the event loop", self._stop_loop)
+            self._teardown("stopping the thread pool",
+                           lambda: self._executor.shutdown(wait=True, cancel_futures=True))
+            for thread in (self._maintenance_thread, self._usage_thread):
+                if thread is not None:
+                    self._teardown(f"joining the {thread.name} thread", lambda t=thread: t.join(timeout=grace))
+            for path, identity in self._unix_paths:
+                self._teardown(f"removing unix socket {path}", lambda p=path, i=identity: _remove_own_socket(p, i))
+            if self.metrics is not None:
+                self._teardown("closing the metrics endpoint", self.metrics.close)
+                self._teardown("unbinding the metrics", lambda: telemetry.unbind(self.metrics))
+            self._teardown("closing the checkpoint engine", self.checkpoints.close)
+            self._teardown("closing the content store", self.store.close)
+            self._teardown("closing the database", self.db.dispose)
+            self._teardown("releasing the data dir locks", self._release_locks)
+            if self.teardown_failed:
+                log.error("checkpointd stopped; some of its teardown failed (see above)")
+            else:
+                log.info("checkpointd stopped")
+        finally:
+            self._stopped.set()
+
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join()
         self._loop.close()
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        for thread in (self._maintenance_thread, self._usage_thread):
-            if thread is not None:
-                thread.join(timeout=grace)
-        for path in self._unix_paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        if self.metrics is not None:
-            self.metrics.close()
-            telemetry.unbind(self.metrics)
-        self.checkpoints.close()
-        self.store.close()
-        self.db.dispose()
-        self._release_locks()
-        log.info("checkpointd stopped")
-        self._stopped.set()
+
+    def _teardown_error(self, step: str) -> None:
+        self.teardown_failed = True
+        log.exception("stopping: %s failed", step)
+
+    def _teardown(self, step: str, action) -> None:
+        try:
+            action()
+        except Exception:
+            self._teardown_error(step)
 
     def _release_locks(self) -> None:
         for lock in (self._data_lock, self._serving_lock):

@@ -53,14 +53,27 @@ class TokenError(ValueError):
     """The configured token is unusable."""
 
 
-def _validated(token: str, origin: str) -> bytes:
-    token = token.strip()
+def token_text(raw: bytes | str, origin: str) -> str:
+    """The token as the server and the CLI both take it from a file or CHECKPOINTD_TOKEN: UTF-8
+    text with surrounding whitespace (a file's trailing newline) stripped. The one place that says so."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TokenError(f"the bearer token from {origin} is not UTF-8 text") from None
+    return raw.strip()
+
+
+def _validated(token: bytes | str, origin: str) -> bytes:
+    token = token_text(token, origin)
     if not token:
         raise TokenError(f"the bearer token from {origin} is empty")
     if len(token) < MIN_TOKEN_LENGTH:
         raise TokenError(f"the bearer token from {origin} is shorter than {MIN_TOKEN_LENGTH} characters")
-    if any(c.isspace() for c in token) or not token.isprintable():
-        raise TokenError(f"the bearer token from {origin} contains whitespace or control characters")
+    # gRPC metadata values are printable ASCII: a token with anything else could never be sent.
+    if any(c.isspace() for c in token) or not (token.isascii() and token.isprintable()):
+        raise TokenError(f"the bearer token from {origin} contains whitespace, control or non-ASCII characters "
+                         "(a token travels in gRPC metadata, which holds printable ASCII only)")
     return token.encode()
 
 
@@ -81,10 +94,10 @@ class TokenSource:
     @classmethod
     def from_file(cls, path: Path) -> TokenSource:
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except OSError as exc:
             raise TokenError(f"cannot read token file {path}: {exc.strerror}") from None
-        return cls(_validated(text, f"token file {path}"), path)
+        return cls(_validated(raw, f"token file {path}"), path)
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -102,10 +115,13 @@ class TokenSource:
             if stamp is not None and stamp != self._stamp:
                 self._stamp = stamp
                 try:
-                    self._token = _validated(self._path.read_text(), f"token file {self._path}")
+                    self._token = _validated(self._path.read_bytes(), f"token file {self._path}")
                     log.info("bearer token reloaded from %s", self._path)
-                except (OSError, TokenError) as exc:
-                    log.error("keeping the previous bearer token: %s", exc)
+                except OSError as exc:
+                    log.warning("keeping the previous bearer token: cannot read token file %s: %s", self._path,
+                                exc.strerror)
+                except TokenError as exc:
+                    log.warning("keeping the previous bearer token: %s", exc)
             return self._token
 
 

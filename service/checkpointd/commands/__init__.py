@@ -35,6 +35,17 @@ _TARGET_HELP = ("server address, HOST:PORT or unix:///PATH. Env CHECKPOINTD_TARG
                 "unix socket if it exists, else 127.0.0.1:50051")
 
 
+def positive_seconds(text: str) -> float:
+    """A --timeout: a number of seconds above zero (a deadline of 0 or less can never be met)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a timeout is a number of seconds above 0")
+    return value
+
+
 def _connection_options(parser: argparse.ArgumentParser, timeout: float, target_help: str = _TARGET_HELP) -> None:
     group = parser.add_argument_group("connection")
     group.add_argument("--target", default=None, help=target_help)
@@ -49,7 +60,7 @@ def _connection_options(parser: argparse.ArgumentParser, timeout: float, target_
                        metavar="PEM", help="key of --tls-cert. Env CHECKPOINTD_TLS_CLIENT_KEY")
     group.add_argument("--tls-server-name", default=None, metavar="NAME",
                        help="expect this name in the server certificate instead of the target's host")
-    group.add_argument("--timeout", type=float, default=timeout, metavar="SECONDS",
+    group.add_argument("--timeout", type=positive_seconds, default=timeout, metavar="SECONDS",
                        help=f"deadline of each call (default {timeout:g})")
 
 

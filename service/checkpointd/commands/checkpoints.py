@@ -42,7 +42,7 @@ def confirm(question: str) -> bool:
 def progress(message: str) -> Iterator[None]:
     """A spinner with elapsed time on a terminal; two plain lines on stderr otherwise."""
     if render.err.is_terminal:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
                       console=render.err, transient=True) as bar:
             bar.add_task(message, total=None)
             yield
@@ -119,9 +119,27 @@ def _rollback_json(preview: pb.RollbackResponse, applied: pb.RollbackResponse | 
     return result
 
 
+def _state_out_refusal(args: argparse.Namespace) -> str | None:
+    """Why --state-out cannot be written, checked before anything is rolled back; None if it can."""
+    if args.state_out is None or args.scope == "files":
+        return None
+    path = args.state_out.expanduser()
+    if path.is_dir():
+        return f"--state-out {path} is a directory: it names the file the plan state is written to"
+    if not path.parent.is_dir():
+        return f"--state-out {path}: {path.parent} is not a directory; nothing was rolled back"
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        return f"--state-out {path} cannot be written (permission denied); nothing was rolled back"
+    return None
+
+
 @reports_errors
 def rollback(args: argparse.Namespace) -> int:
     scope = _SCOPES[args.scope]
+    refusal = _state_out_refusal(args)
+    if refusal:
+        render.error(refusal)
+        return 1
     with connect(args) as conn:
         client = conn.checkpoints()
         with progress(f"Computing what a rollback of plan {args.plan_id} to {args.checkpoint_id} would change"):
@@ -144,11 +162,18 @@ def rollback(args: argparse.Namespace) -> int:
                 progress("Rolling back (a safety checkpoint is recorded first)"):
             applied = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path,
                                       allow_nested_workspaces=args.allow_nested)
+    unwritten = None
     if args.state_out is not None and args.scope != "files":
-        args.state_out.write_bytes(applied.state)
+        try:
+            args.state_out.expanduser().write_bytes(applied.state)
+        except OSError as exc:  # it could be written a moment ago: the rollback is done all the same
+            unwritten = (f"the rollback was applied (safety checkpoint {applied.safety_checkpoint.checkpoint_id}), but "
+                         f"its plan state could not be written to {args.state_out}: {exc.strerror or exc}")
     if args.json:
         render.emit_json(_rollback_json(preview, applied))
-        return 0
+        if unwritten:
+            render.error(unwritten)
+        return 1 if unwritten else 0
     for nested in applied.nested_workspaces:
         render.out.print(f"changed {nested.change_count} path(s) in the workspace of plan {nested.plan_id} "
                          f"({nested.workspace_root}), as --allow-nested allowed", highlight=False, markup=False)
@@ -156,6 +181,9 @@ def rollback(args: argparse.Namespace) -> int:
                      f"{applied.safety_checkpoint.checkpoint_id} holds what was there before "
                      f"(checkpointd rollback {args.plan_id} {applied.safety_checkpoint.checkpoint_id} undoes this)",
                      highlight=False)
+    if unwritten:
+        render.error(unwritten)
+        return 1
     return 0
 
 

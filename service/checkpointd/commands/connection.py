@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from checkpointd.api.auth import TokenError, token_text
 from checkpointd.defaults import default_target
 from checkpointd_client import CheckpointClient, ConfigClient, open_channel
 
@@ -25,10 +26,14 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def token(args: argparse.Namespace) -> str | None:
-    """The bearer token from --token-file, else CHECKPOINTD_TOKEN, else none."""
-    if args.token_file is not None:
-        return _read(args.token_file, "token file").decode().strip()
-    return os.environ.get("CHECKPOINTD_TOKEN") or None
+    """The bearer token from --token-file, else CHECKPOINTD_TOKEN, else none; taken as the server
+    takes it (api.auth.token_text: UTF-8, surrounding whitespace stripped)."""
+    try:
+        if args.token_file is not None:
+            return token_text(_read(args.token_file, "token file"), f"token file {args.token_file}") or None
+        return token_text(os.environ.get("CHECKPOINTD_TOKEN", ""), "CHECKPOINTD_TOKEN") or None
+    except TokenError as exc:
+        raise ConnectionOptionsError(str(exc)) from None
 
 
 def tls_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:

@@ -26,8 +26,7 @@ def _to_stdout(chunks: Iterable[bytes]) -> None:
             out.write(chunk)
         out.flush()
     except BrokenPipeError:
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        render.reader_gone()
 
 
 @reports_errors
@@ -56,8 +55,7 @@ def ls_files(args: argparse.Namespace) -> int:
         sys.stdout.write("".join(f"{line}\n" for line in lines))
         sys.stdout.flush()
     except BrokenPipeError:
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        render.reader_gone()
     return 0
 
 

@@ -28,6 +28,11 @@ _TRANSPORT_CAUSES = (
     ("handshake", "the TLS handshake failed: check --tls-ca, --tls-cert and --tls-key"),
     ("DNS resolution failed", "the host name does not resolve"),
 )
+#: Words of gRPC's own transport failures (the connection failed or broke: no server spoke).
+_TRANSPORT_MARKERS = ("failed to connect", "Failed to connect", "Socket closed", "Connection reset", "GOAWAY",
+                      "connection attempt timed out", "Broken pipe", "Network is unreachable", "keepalive",
+                      "Cancelling all calls", "Connection timed out", "End of TCP stream",
+                      "connections to all backends failed")
 
 
 class Interrupted(Exception):
@@ -50,8 +55,12 @@ def unreachable(error: CheckpointdRpcError, target: str, timeout: float) -> str 
     hint = ("start one with `make run` (in a checkout) or `checkpointd serve`, or point at yours with "
             "--target HOST:PORT or --target unix:///PATH (env CHECKPOINTD_TARGET)")
     if error.code is grpc.StatusCode.UNAVAILABLE:
-        cause = next((plain for marker, plain in _TRANSPORT_CAUSES if marker in error.message), "no answer")
-        return f"cannot reach checkpointd at {target} ({cause}): is it running? {hint}"
+        cause = next((plain for marker, plain in _TRANSPORT_CAUSES if marker in error.message), None)
+        if cause is None and error.message and not any(m in error.message for m in _TRANSPORT_MARKERS):
+            # Something at the target did answer, in words of its own (a proxy, a server that is not
+            # checkpointd): what it said is the clue.
+            return f"{target} answered UNAVAILABLE: {error.message} (is it checkpointd, or a proxy in front of it?)"
+        return f"cannot reach checkpointd at {target} ({cause or 'no answer'}): is it running? {hint}"
     if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return (f"no answer from checkpointd at {target} within {timeout:g}s: a slow call needs a larger "
                 f"--timeout; if nothing is running there, {hint}")
@@ -62,18 +71,41 @@ def describe(error: CheckpointdRpcError, args: argparse.Namespace) -> str:
     return unreachable(error, target_of(args), args.timeout) or str(error)
 
 
+def failure_message(error: BaseException, args: argparse.Namespace) -> str | None:
+    """The one line a client command prints for an expected failure; None for anything else.
+    The one place that says which errors are expected ones."""
+    if isinstance(error, CheckpointdRpcError):
+        return describe(error, args)
+    if isinstance(error, UnicodeError):
+        return not_utf8(error)
+    if isinstance(error, ConnectionOptionsError | OSError):
+        return str(error)
+    return None
+
+
+def not_utf8(error: UnicodeError) -> str:
+    """An argument (an id, a path, a label, a filter) that is not UTF-8 cannot be sent."""
+    value = getattr(error, "object", b"")
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    shown = f" ({bytes(value)[:80]!r})" if value else ""
+    return (f"an argument is not valid UTF-8{shown}: checkpointd names plans, checkpoints, labels, filters and "
+            "workspace roots in UTF-8")
+
+
 def reports_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Failed calls become one line on stderr and exit status 1, not a traceback."""
+    """Failed calls become one line on stderr and exit status 1, not a traceback; output into a
+    closed pipe (`| head`) is not an error."""
 
     @wraps(command)
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except CheckpointdRpcError as error:
-            render.error(describe(error, args))
-            return 1
-        except (ConnectionOptionsError, OSError) as error:
-            render.error(str(error))
+        except BrokenPipeError:
+            render.reader_gone()
+            return 0
+        except (CheckpointdRpcError, ConnectionOptionsError, OSError, UnicodeError) as error:
+            render.error(failure_message(error, args) or str(error))
             return 1
 
     return run

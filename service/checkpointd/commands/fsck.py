@@ -26,13 +26,12 @@ CLEAN, FOUND, CANNOT_CHECK = 0, 1, 2
 
 def fsck(args: argparse.Namespace) -> int:
     if args.target and (args.data_dir or args.db_url or args.store):
-        render.err.print("[red]error:[/red] --target checks a running server: --data-dir, --db-url and --store are "
-                         "for an offline check", markup=True, highlight=False)
+        render.error("--target checks a running server: --data-dir, --db-url and --store are for an offline check")
         return CANNOT_CHECK
     try:
         report = _through_server(args) if args.target else _offline(args)
     except (CannotCheck, DatabaseUrlError, ConnectionOptionsError, CheckpointdRpcError) as exc:
-        render.err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        render.error(str(exc))
         return CANNOT_CHECK
     if args.json:
         render.emit_json(report.to_json())

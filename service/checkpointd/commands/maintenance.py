@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from pathlib import Path
 
 from rich import box
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from checkpointd.commands import render
 from checkpointd.commands.failures import on_interrupt
 from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
+from checkpointd.core.kernel.errors import CheckpointdError
 from checkpointd.core.maintenance.datadir_lock import DataDirBusy, held_offline
 from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport, store_footprint
-from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.db import Database, DatabaseUrlError, SchemaError
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.db_store import open_store
+from checkpointd.serve_options import first_line
 from checkpointd.server import ServerSettings
+
+#: The SQLite database a data directory holds (without --db-url).
+DATABASE_FILE = "checkpointd.db"
 
 
 def _report_table(report: MaintenanceReport) -> Table:
@@ -39,16 +46,42 @@ def _report_table(report: MaintenanceReport) -> Table:
     return table
 
 
-def gc(args: argparse.Namespace) -> int:
+def offline_data_dir(args: argparse.Namespace) -> Path | None:
+    """The data directory gc and stats work on, or None (the reason printed) when it is not one:
+    as fsck does, a directory that holds no checkpointd database (and no --db-url names one) is
+    refused, and nothing is created in it."""
     data_dir = args.data_dir.expanduser().resolve()
     if not data_dir.is_dir():
-        render.err.print(f"error: no data directory at {data_dir}", highlight=False)
+        render.error(f"no data directory at {data_dir}")
+        return None
+    if not args.db_url and not (data_dir / DATABASE_FILE).is_file():
+        render.error(f"{data_dir} holds no checkpointd database ({DATABASE_FILE}): is it the data directory? "
+                     "(--data-dir, env CHECKPOINTD_DATA_DIR)")
+        return None
+    return data_dir
+
+
+#: Errors of an offline command's database or data directory: one line, exit 1.
+OFFLINE_ERRORS = (DataDirBusy, DatabaseUrlError, SchemaError, SQLAlchemyError, CheckpointdError, OSError)
+
+
+def offline_failure(exc: BaseException) -> int:
+    """Prints the one line for one of OFFLINE_ERRORS; returns the exit status."""
+    render.error(str(exc) if isinstance(exc, DataDirBusy | DatabaseUrlError | SchemaError) else
+                 f"cannot use the data directory's database: {first_line(exc)}")
+    return 1
+
+
+def gc(args: argparse.Namespace) -> int:
+    data_dir = offline_data_dir(args)
+    if data_dir is None:
         return 1
-    settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
-                              store=args.store)
-    db = Database(settings.database_url)
+    db = None
     try:
         with contextlib.ExitStack() as stack:
+            settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
+                                      store=args.store)
+            db = Database(settings.database_url)
             stack.enter_context(held_offline(data_dir, args.store, db))
             db.migrate()
             store = open_store(args.store, db, data_dir)
@@ -61,11 +94,14 @@ def gc(args: argparse.Namespace) -> int:
             with on_interrupt(interrupted):
                 report = maintenance.run(dry_run=args.dry_run)
                 compacted = _compact(store, report) if args.compact and not args.dry_run else None
-    except (DataDirBusy, GcAborted) as exc:
-        render.err.print(f"error: {exc}", highlight=False)
+    except GcAborted as exc:
+        render.error(str(exc))
         return 1
+    except OFFLINE_ERRORS as exc:
+        return offline_failure(exc)
     finally:
-        db.dispose()
+        if db is not None:
+            db.dispose()
     if args.json:
         render.emit_json(report.as_dict() | ({"compaction": compacted} if compacted is not None else {}))
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sys
@@ -19,11 +21,25 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import config_service_pb2
 from checkpointd_client import from_value, phase_name, trigger_name
 
+
+class _StdoutConsole(Console):
+    """A reader of stdout that went away is reported as the BrokenPipeError it is, for the one place
+    that handles it (failures.reports_errors, cli.main: a quiet exit 0, as `cat` does), where rich's
+    own handling would exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 #: Piped output is not cut to 80 columns (ids would be cropped); COLUMNS still wins.
 _PIPE_WIDTH = 200
-out = Console(soft_wrap=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH)
+#: Neither console reads markup: what is printed holds ids, paths, labels and server messages, where
+#: square brackets are text ("[/x]" would otherwise be a MarkupError); styles are given as styles.
+out = _StdoutConsole(soft_wrap=False, markup=False,
+              width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH)
 #: Messages are not cut into 80-column lines: an error stays one line, for people and for grep.
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, markup=False)
 
 _CHANGE_STYLE = {
     pb.CHANGE_KIND_ADDED: ("added", "green"),
@@ -42,6 +58,15 @@ _ENTRY_TYPE = {
 def error(message: str) -> None:
     """One line on stderr, however long: "error: ..." (a message is never read as markup)."""
     err.print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True, highlight=False)
+
+
+def reader_gone() -> None:
+    """The reader of stdout went away (`| head`): not an error. Whatever is still buffered, and
+    the interpreter's own flush at exit, go to /dev/null instead of failing again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def emit_json(value: object) -> None:

@@ -9,7 +9,8 @@ from rich import box
 from rich.table import Table
 
 from checkpointd.commands import render
-from checkpointd.core.maintenance.datadir_lock import DataDirBusy, held_offline
+from checkpointd.commands.maintenance import OFFLINE_ERRORS, offline_data_dir, offline_failure
+from checkpointd.core.maintenance.datadir_lock import held_offline
 from checkpointd.core.maintenance.usage import StoreUsage, store_usage
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import open_store
@@ -35,26 +36,26 @@ def _table(usage: StoreUsage, whole_store: bool) -> Table:
 
 
 def stats(args: argparse.Namespace) -> int:
-    data_dir = args.data_dir.expanduser().resolve()
-    if not data_dir.is_dir():
-        render.err.print(f"error: no data directory at {data_dir}", highlight=False)
+    data_dir = offline_data_dir(args)
+    if data_dir is None:
         return 1
-    settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
-                              store=args.store)
-    db = Database(settings.database_url)
+    db = None
     try:
         with contextlib.ExitStack() as stack:
+            settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
+                                      store=args.store)
+            db = Database(settings.database_url)
             stack.enter_context(held_offline(data_dir, args.store, db))
             db.migrate()
             usage = store_usage(db, open_store(args.store, db, data_dir), data_dir, args.plan)
-    except DataDirBusy as exc:
-        render.err.print(f"error: {exc}", highlight=False)
-        return 1
+    except OFFLINE_ERRORS as exc:
+        return offline_failure(exc)
     finally:
-        db.dispose()
+        if db is not None:
+            db.dispose()
     unknown = sorted(set(args.plan) - {plan.plan_id for plan in usage.plans})
     if unknown:
-        render.err.print(f"error: no checkpoints of plan {', '.join(unknown)} in {data_dir}", highlight=False)
+        render.error(f"no checkpoints of plan {', '.join(unknown)} in {data_dir}")
         return 1
     if args.json:
         render.emit_json(usage.as_dict())
