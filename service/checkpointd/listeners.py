@@ -87,8 +87,7 @@ def stale_socket(path: str) -> bool:
             probe.connect(path)
         except OSError:
             return True
-    raise ListenerError(f"another server is listening on unix socket {path}: stop it, or give this server "
-                        "another socket with --listen unix:///PATH (env CHECKPOINTD_LISTEN)")
+    raise ListenerError(_held_elsewhere(Listener(unix_path=path)))
 
 
 def _held_elsewhere(listener: Listener) -> str:

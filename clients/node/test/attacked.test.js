@@ -48,6 +48,8 @@ class ScriptedCheckpointd {
     this.values = values;
     this.onCreate = onCreate;
     this.creates = [];
+    /** Each CreateCheckpoint's deadline as it arrived: how many ms the client gave it. */
+    this.createDeadlinesMs = [];
     this.server = new grpc.Server();
     const { CheckpointService, ConfigService } = loadContract();
     const entry = (key) => ({ key, value: toValue(this.values[key]), source: 'CONFIG_SOURCE_GLOBAL' });
@@ -58,6 +60,7 @@ class ScriptedCheckpointd {
     this.server.addService(CheckpointService.service, {
       CreateCheckpoint: (call, callback) => {
         this.creates.push(call.request);
+        this.createDeadlinesMs.push(new Date(call.getDeadline()).getTime() - Date.now());
         this.onCreate(this.creates.length, call.request, callback);
       },
     });
@@ -249,10 +252,12 @@ describe('Node ToolRunner attacked, against a scripted checkpointd', () => {
     try {
       const logger = recordingLogger();
       const tools = new ToolRunner({ client, logger }).register('custom/write', { run: () => 'ran' });
-      const started = Date.now();
       assert.equal(await tools.execute('custom/write', {}, { planId: newUlid() }), 'ran');
-      const elapsed = Date.now() - started;
-      assert.ok(elapsed < 2000, `the checkpoint waited ${elapsed} ms, the configured deadline is 300 ms`);
+      // What the client asked for, not how long anything took: no call may be given more than 300 ms.
+      assert.ok(scripted.createDeadlinesMs.length > 0);
+      for (const remainingMs of scripted.createDeadlinesMs) {
+        assert.ok(remainingMs <= 300, `a checkpoint call was given ${remainingMs} ms; the configured deadline is 300 ms`);
+      }
     } finally {
       client.close();
       scripted.stop();
@@ -357,15 +362,15 @@ describe('Node ToolRunner attacked, against a scripted checkpointd', () => {
     }
   });
 
-  test('a read-only tool never waits on a hung checkpointd', async () => {
-    const hung = net.createServer(() => {});
+  test('a read-only tool never contacts checkpointd (so never waits on a hung one)', async () => {
+    let connections = 0;
+    const hung = net.createServer(() => { connections += 1; });
     await new Promise((resolve) => hung.listen(0, '127.0.0.1', resolve));
     const client = new CheckpointdClient(`127.0.0.1:${hung.address().port}`);
     try {
       const tools = new ToolRunner({ client }).register('custom/read', { readOnly: true, run: () => 'read' });
-      const started = Date.now();
       assert.equal(await tools.execute('custom/read', {}, { planId: newUlid() }), 'read');
-      assert.ok(Date.now() - started < 500);
+      assert.equal(connections, 0, 'a read-only tool call contacted checkpointd');
     } finally {
       client.close();
       hung.close();
