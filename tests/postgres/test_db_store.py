@@ -136,6 +136,24 @@ def test_staged_objects_are_readable_before_commit_and_gone_after_abort(objects,
     assert list(objects.staging.iterdir()) == []
 
 
+@pytest.mark.parametrize("size", [100, MIB + 100], ids=["small", "large"])
+def test_an_object_two_open_batches_staged_stays_readable_when_one_of_them_aborts(objects, size):
+    """Two diffs write the same new tree node, each into a batch it reads back and aborts: the
+    first one's abort leaves the second's copy readable (as in the disk store)."""
+    content = incompressible(size, b"twice")
+    first, second = objects.batch(), objects.batch()
+    digest = first.put_bytes(content)
+    assert second.put_bytes(content) == digest
+    first.abort()
+    try:
+        assert objects.read_bytes(digest) == content
+    finally:
+        second.abort()
+    with pytest.raises(DataLoss):
+        objects.read_bytes(digest)
+    assert list(objects.staging.iterdir()) == []
+
+
 def test_when_finished_reports_commit_and_abort(objects):
     outcomes: list[bool] = []
     with objects.batch() as batch:

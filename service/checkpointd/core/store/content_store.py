@@ -59,6 +59,8 @@ from checkpointd.core.store.packs import (
     DELTA,
     DELTA_HEADER,
     DELTAS,
+    MAX_CHAIN_LINKS,
+    MAX_DELTA_DEPTH,
     PACK_HEADER,
     PACK_MAGIC,
     ZSTD_DELTA,
@@ -80,10 +82,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("checkpointd.store")
 
-MAX_DELTA_DEPTH = 16
-#: Links past which a chain being read is taken for damaged (see ``_base``): a margin over the
-#: deepest the store writes.
-MAX_CHAIN_LINKS = 4 * MAX_DELTA_DEPTH
 #: How many bases deep the reads of this thread are (``_base``).
 _chain_reads = threading.local()
 #: zstd's level for deltas: 9 makes them ~10% smaller than 3. Where the content and its base
@@ -241,8 +239,12 @@ class ContentStore(PackReplay, Compaction):
         #: Committed objects: durable, counted by ``has``.
         self._committed: dict[str, Location] = {}
         #: Objects written by open batches, readable before they are committed.
-        self._staged: dict[str, Location] = {}
+        #: Objects written by open batches, readable before they are committed: every open batch's
+        #: location of each (two may write one object at once; either may abort).
+        self._staged: dict[str, list[Location]] = {}
         self._staged_lock = threading.Lock()
+        #: Held while a batch's objects join ``_committed`` (see ``Batch._keep_records_committed_meanwhile``).
+        self._commit_lock = threading.Lock()
         self._gc_fence = SharedExclusiveLock()
         self._packs: list[Pack] = []
         self._active: Pack | None = None
@@ -408,7 +410,8 @@ class ContentStore(PackReplay, Compaction):
         location = self._committed.get(digest)
         if location is None:
             with self._staged_lock:
-                location = self._staged.get(digest)
+                staged = self._staged.get(digest)
+                location = staged[0] if staged else None
         return location
 
     def _open_loose(self, digest: str):
@@ -622,7 +625,7 @@ class Batch:
                         self._pack_ends[location.pack] = end
         with self.store._staged_lock:
             for digest, location in published:
-                self.store._staged.setdefault(digest, location)
+                self.store._staged.setdefault(digest, []).append(location)
         return published
 
     def put_bytes(self, data: bytes, similar: str = "") -> str:
@@ -759,18 +762,48 @@ class Batch:
             raise
         committed = self.store._committed
         loose = Location(None)
-        for digest, location in self._pending.items():
-            previous = committed.get(digest)
-            if previous is not None:
-                self._count_dead(digest, previous)
-            if location.pack is None:
-                committed[digest] = loose
-            else:
-                committed[digest] = location
-                if location.kind in DELTAS:
-                    self.store._dependents.setdefault(location.base, set()).add(digest)
+        with self.store._commit_lock:
+            try:
+                self._keep_records_committed_meanwhile()
+            except BaseException:
+                self.abort()
+                raise
+            for digest, location in self._pending.items():
+                previous = committed.get(digest)
+                if previous is not None:
+                    self._count_dead(digest, previous)
+                if location.pack is None:
+                    committed[digest] = loose
+                else:
+                    committed[digest] = location
+                    if location.kind in DELTAS:
+                        self.store._dependents.setdefault(location.base, set()).add(digest)
         self._forget()
         self._finish(True)
+
+    def _keep_records_committed_meanwhile(self) -> None:
+        """An object another batch committed after this one found it missing, where this batch
+        wrote it as a delta, keeps the record it was committed with: objects written since may
+        be deltas of it, at its depth, and this batch's delta may even have one of them as base
+        (two objects each other's base). The packs' last record of a digest is the one a
+        reopened store indexes, so the committed record is appended again after this batch's
+        (as a compaction moves it) and made durable with it; this batch's own record is dead.
+        A whole record may replace it (a chain ending there is no longer than recorded). Rare:
+        it takes two captures of one new content at the same moment."""
+        committed = self.store._committed
+        copied: dict[str, Location] = {}
+        for digest, location in self._pending.items():
+            previous = committed.get(digest)
+            if previous is None or previous.pack is None or location.kind not in DELTAS:
+                continue
+            copy = self.store._writable_pack().append(digest, previous.kind, previous.pack.read(previous),
+                                                      previous.base, previous.depth)
+            copy.pack.sync_to(copy.offset + copy.length)
+            copied[digest] = copy
+        for digest, copy in copied.items():
+            self._unstage(digest, self._pending[digest])
+            self._count_dead(digest, self._pending[digest])
+            self._pending[digest] = copy
 
     def _make_durable(self) -> None:
         started = time.perf_counter()
@@ -812,13 +845,23 @@ class Batch:
             raise storage_error(exc) from exc
 
     def _forget(self) -> None:
-        staged = self.store._staged
-        with self.store._staged_lock:
-            for digest, location in self._pending.items():
-                if staged.get(digest) is location:
-                    del staged[digest]
+        for digest, location in self._pending.items():
+            self._unstage(digest, location)
         self._pending.clear()
         self._pack_ends.clear()
+
+    def _unstage(self, digest: str, location: Location) -> None:
+        """This batch's location of ``digest`` is no longer readable as staged; another open
+        batch's location of it still is."""
+        staged = self.store._staged
+        with self.store._staged_lock:
+            locations = staged.get(digest, [])
+            for index, other in enumerate(locations):
+                if other is location:
+                    del locations[index]
+                    break
+            if not locations:
+                staged.pop(digest, None)
 
     def abort(self) -> None:
         """Drops the batch: its large objects are deleted, its packed records are left

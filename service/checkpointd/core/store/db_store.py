@@ -111,7 +111,8 @@ class DatabaseStore(ReplicaFence):
         self.staging = staging
         self.staging.mkdir(parents=True, exist_ok=True)
         self._clear_staging()
-        self._staged: dict[str, _Staged] = {}
+        #: Every open batch's staged copy of each object (two may write one at once; either may abort).
+        self._staged: dict[str, list[_Staged]] = {}
         self._staged_lock = threading.Lock()
         self._local_fence = SharedExclusiveLock()
         self._replica_fence = db.advisory_lock(FENCE_LOCK, shared=True)
@@ -194,7 +195,8 @@ class DatabaseStore(ReplicaFence):
         first = self._first_chunk(digest)
         if first is None:
             with self._staged_lock:
-                staged = self._staged.get(digest)
+                copies = self._staged.get(digest)
+                staged = copies[0] if copies else None
             if staged is not None:
                 try:
                     opened = open(staged.path, "rb") if staged.path else None  # noqa: SIM115 - closed below
@@ -400,7 +402,7 @@ class Batch:
                 staged.path.unlink(missing_ok=True)
             return
         with self.store._staged_lock:
-            self.store._staged.setdefault(digest, staged)
+            self.store._staged.setdefault(digest, []).append(staged)
 
     def put_bytes(self, data: bytes, similar: str = "") -> str:
         """Stores ``data``. ``similar`` (a previous version) is accepted for the
@@ -479,8 +481,13 @@ class Batch:
         """Drops the staged objects (after a commit too: they are in the database then)."""
         with self.store._staged_lock:
             for digest, staged in self._pending.items():
-                if self.store._staged.get(digest) is staged:
-                    del self.store._staged[digest]
+                copies = self.store._staged.get(digest, [])
+                for index, other in enumerate(copies):
+                    if other is staged:
+                        del copies[index]
+                        break
+                if not copies:
+                    self.store._staged.pop(digest, None)
         for staged in self._pending.values():
             if staged.path is not None:
                 staged.path.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ from checkpointd.core.store.packs import (
     DELTA_HEADER,
     DELTAS,
     KINDS,
+    MAX_CHAIN_LINKS,
     PACK_HEADER,
     PACK_MAGIC,
     PACK_MAGIC_ZLIB,
@@ -103,6 +104,44 @@ class PackReplay:
         resolved: dict[str, bool] = {}
         for digest in [d for d, location in self._committed.items() if location.kind in DELTAS]:
             self._resolves(digest, recovery, resolved)
+        self._prefer_shallower_records(recovery)
+
+    def _prefer_shallower_records(self, recovery: Recovery) -> None:
+        """An object indexed as a delta that has an earlier record, since its last tombstone,
+        fewer deltas deep is indexed by the shallowest of those that reads. Two batches wrote it
+        at once: one committed it, the other's deeper delta came later in the pack (that batch
+        aborted, died, or committed first and was replaced in memory). Objects stored since as
+        deltas of it counted the depth the server had indexed; the deeper record would make their
+        chains longer than their records say, growing with every such race across restarts."""
+        for digest, earlier in list(recovery.superseded.items()):
+            current = self._committed.get(digest)
+            if current is None or current.kind not in DELTAS:
+                continue
+            for candidate in sorted(earlier, key=_depth):
+                if _depth(candidate) >= current.depth:
+                    break
+                if candidate.kind in DELTAS and not (self._chain_avoids(candidate.base, digest)
+                                                     and self._verifies(digest, candidate)):
+                    continue
+                self._mark_dead(digest, current)
+                if candidate.pack is not None:
+                    self._dead[candidate.pack] -= RECORD.size + candidate.length
+                self._committed[digest] = candidate
+                if candidate.kind in DELTAS:
+                    self._dependents.setdefault(candidate.base, set()).add(digest)
+                break
+
+    def _chain_avoids(self, base: str, digest: str) -> bool:
+        """Whether ``base``'s indexed chain ends in a whole object without passing ``digest``."""
+        current, links = base, 0
+        while current != digest and links <= MAX_CHAIN_LINKS:
+            location = self._committed.get(current)
+            if location is None:
+                return False
+            if location.kind not in DELTAS:
+                return True
+            current, links = location.base, links + 1
+        return False
 
     def _stop_appending(self, pack: Pack) -> None:
         """A record dropped past a pack's durable hint stays in the file (the records after it
@@ -163,3 +202,7 @@ class PackReplay:
             return False
         finally:
             recovery.falling_back.discard(digest)
+
+
+def _depth(location: Location) -> int:
+    return location.depth if location.kind in DELTAS else 0

@@ -151,6 +151,13 @@ class Location:
     base: str = ""
     depth: int = 0
 
+#: How many deltas deep the store writes an object at most.
+MAX_DELTA_DEPTH = 16
+#: Links past which a chain being read is taken for damaged (see ``ContentStore._base``): a
+#: margin over the deepest the store writes.
+MAX_CHAIN_LINKS = 4 * MAX_DELTA_DEPTH
+
+
 def dead_key(digest: str) -> int:
     """What ``ContentStore._dead_keys`` holds of a digest: its first 64 bits (a false match
     only keeps a tombstone that is not needed)."""
