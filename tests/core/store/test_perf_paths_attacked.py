@@ -24,6 +24,7 @@ from checkpointd.core.store.content_store import MAX_DELTA_DEPTH, ContentStore
 from checkpointd.core.store.packs import zstd_decompress
 from checkpointd.core.store.tree import EMPTY_TREE, Entry, EntryKind, Index, Trees, is_index
 from tests.core.store.test_store_attacked import _when_located
+from tests.core.store.test_store_size_similar import _put, _source
 
 
 def _entry(number: int) -> Entry:
@@ -51,6 +52,15 @@ def _whole(trees: Trees, children: dict[str, Entry]) -> str:
 def _change(trees: Trees, root: str, updates: dict[str, Entry | None]) -> str:
     with trees.store.batch() as batch:
         return trees.apply(batch, root, {f"d/{name}": entry for name, entry in updates.items()})
+
+
+def _apply(current: dict[str, Entry], updates: dict[str, Entry | None]) -> None:
+    """The model of a directory's children after ``updates`` (None removes a child)."""
+    for name, entry in updates.items():
+        if entry is None:
+            current.pop(name)
+        else:
+            current[name] = entry
 
 
 def _check(trees: Trees, root: str, current: dict[str, Entry], previous_root: str | None = None,
@@ -105,11 +115,7 @@ def test_a_directory_crossing_the_split_threshold_both_ways_keeps_the_digest_wri
     shapes = []
     for updates in steps:
         changed = _change(trees, root, updates)
-        for name, entry in updates.items():
-            if entry is None:
-                current.pop(name)
-            else:
-                current[name] = entry
+        _apply(current, updates)
         _check(trees, changed, current, root, updates)
         shapes.append(len(current))
         root = changed
@@ -129,11 +135,7 @@ def test_names_that_never_end_a_part_are_cut_at_the_part_limit_and_re_cut_exactl
     for updates in ({names[0]: _entry(1)}, {names[limit]: None}, {names[limit + 5]: None, names[1]: None},
                     {names[1]: _entry(2), names[limit + 5]: _entry(3), names[limit]: _entry(4)}):
         changed = _change(trees, root, updates)
-        for name, entry in updates.items():
-            if entry is None:
-                current.pop(name)
-            else:
-                current[name] = entry
+        _apply(current, updates)
         _check(trees, changed, current, root, updates)
         root = changed
 
@@ -209,16 +211,6 @@ def test_an_old_whole_node_of_a_large_directory_reads_and_diffs_as_its_split_suc
 
 
 # -- delta bases found by content -----------------------------------------------------------------
-
-
-def _source(name: str, functions: int = 120) -> bytes:
-    return b"".join(b"def %s_%d(argument, other=None):\n    return %s_compute(argument, %d, other) + offset\n"
-                    % (name.encode(), i, name.encode(), i * 7919 % 1000) for i in range(functions))
-
-
-def _put(store: ContentStore, data: bytes, similar: str = "") -> str:
-    with store.batch() as batch:
-        return batch.put_bytes(data, similar)
 
 
 def test_an_object_written_by_two_batches_never_becomes_a_delta_of_its_own_dependent(tmp_path):
