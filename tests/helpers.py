@@ -62,6 +62,14 @@ def end_other_sessions(admin: Engine) -> int:
     return ended
 
 
+def interruptible(command: list[str]) -> list[str]:
+    """``command`` run with SIGINT at its default action (a test run from a shell in the background
+    ignores it, and its children inherit that). Not with ``preexec_fn``: that makes subprocess fork
+    the test process, whose gRPC threads' fork handlers then race ``close_fds`` in the child, which
+    dies of SIGABRT ("epoll_wait error: Bad file descriptor") before it execs (seen under load)."""
+    return ["env", "--default-signal=INT", *command]
+
+
 def skip_unless_ci(reason: str, *, allow_module_level: bool = False) -> NoReturn:
     """Skips a test that cannot run here (a missing tool, a busy port, a variant it does not apply
     to), except under CI=true, where that is a failure: CI never passes by not running a test."""

@@ -23,6 +23,7 @@ import pytest
 from ulid import ULID
 
 from tests.conftest import CHECKPOINTD, free_port
+from tests.helpers import interruptible
 from tests.ops.conftest import run_cli
 
 NOT_UTF8 = "\udcff"  # how sys.argv carries the byte 0xff (subprocess passes it back as that byte)
@@ -211,10 +212,6 @@ def _silent_listener() -> tuple[socket.socket, str]:
     return listener, f"127.0.0.1:{listener.getsockname()[1]}"
 
 
-def _interruptible() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("args, message", [
     (["ls", FAR_AWAY], "aborted, nothing changed"),
     (["config", "ls"], "aborted, nothing changed"),
@@ -224,9 +221,8 @@ def _interruptible() -> None:
 def test_ctrl_c_while_waiting_on_a_silent_server_exits_130_without_a_traceback(args, message):
     listener, target = _silent_listener()
     with listener:
-        process = subprocess.Popen([CHECKPOINTD, *args, "--target", target, "--timeout", "60"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env(),
-                                   preexec_fn=_interruptible)
+        process = subprocess.Popen(interruptible([CHECKPOINTD, *args, "--target", target, "--timeout", "60"]),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env())
         try:
             time.sleep(2.5)
             assert process.poll() is None, process.communicate()

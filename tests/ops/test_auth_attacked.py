@@ -30,7 +30,7 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpoint.v1 import config_service_pb2_grpc as config_grpc
 from tests.conftest import CHECKPOINTD, RunningServer, free_port
-from tests.helpers import error_info
+from tests.helpers import error_info, interruptible
 from tests.ops.conftest import TOKEN, server_exit, wait_until
 
 BEARER = (("authorization", f"Bearer {TOKEN}"),)
@@ -409,8 +409,7 @@ def test_sigint_once_the_database_is_created_exits_130_or_drains_without_a_trace
     server = RunningServer(base / "db")
     marker = server.data_dir / "checkpointd.db"
     with open(server.log_path, "ab") as log:
-        process = subprocess.Popen(server.command(), stdout=log, stderr=subprocess.STDOUT,
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        process = subprocess.Popen(interruptible(server.command()), stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: marker.exists() or process.poll() is not None, f"{marker} to appear", 60)
         process.send_signal(signal.SIGINT)
@@ -432,8 +431,7 @@ def test_ctrl_c_at_any_moment_of_startup_stops_the_server(base):
     for step, delay in enumerate((0.0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)):
         server = RunningServer(base / f"c{step}")
         with open(server.log_path, "ab") as log:
-            process = subprocess.Popen(server.command(), stdout=log, stderr=subprocess.STDOUT,
-                                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            process = subprocess.Popen(interruptible(server.command()), stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until(lambda s=server, p=process: s.socket_path.exists() or p.poll() is not None, "the socket", 60)
             time.sleep(delay)
@@ -454,9 +452,8 @@ def test_ctrl_c_while_the_command_is_loading_is_not_a_traceback(base):
     outcomes = []
     for args in (["new-plan-id"], ["serve", *_serve_args(base)]):
         for delay in (0.3, 0.6):
-            process = subprocess.Popen([CHECKPOINTD, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       env=_clean_env(),
-                                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            process = subprocess.Popen(interruptible([CHECKPOINTD, *args]), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, env=_clean_env())
             time.sleep(delay)
             process.send_signal(signal.SIGINT)
             _, stderr = process.communicate(timeout=60)

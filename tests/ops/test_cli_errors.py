@@ -20,7 +20,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd_client import CheckpointClient
 from tests.conftest import CHECKPOINTD, free_port
-from tests.helpers import tree_state
+from tests.helpers import interruptible, tree_state
 from tests.ops.conftest import run_cli, server_exit, wait_until
 
 
@@ -63,12 +63,6 @@ def test_serve_help_shows_each_default_once_and_never_none():
         assert text.count("Default:") == 1, text
 
 
-def _interruptible() -> None:
-    """Ctrl-C as a terminal delivers it: a test run started in the background of a shell without
-    job control (a CI script, nohup) ignores SIGINT, and its children would inherit that."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _stderr_until(process: subprocess.Popen, marker: bytes, timeout: float = 60) -> bytes:
     """Reads the process's stderr until ``marker`` shows (a prompt waits without a newline)."""
     seen = b""
@@ -89,8 +83,8 @@ def test_ctrl_c_at_the_rollback_prompt_aborts_and_changes_nothing(checkpointd_se
     (workspace / "a.txt").write_text("edited")
     edited = tree_state(workspace)
 
-    asking = subprocess.Popen([CHECKPOINTD, "rollback", plan_id, checkpoint, *target], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_interruptible)
+    asking = subprocess.Popen(interruptible([CHECKPOINTD, "rollback", plan_id, checkpoint, *target]),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         shown = _stderr_until(asking, b"[y/N] ")
         asking.send_signal(signal.SIGINT)
@@ -119,9 +113,8 @@ def test_ctrl_c_after_the_rollback_was_sent_says_it_may_have_happened(ops_server
                                     *target).stdout)["checkpoint_id"]
     (workspace / "a.txt").write_text("edited")
 
-    rolling = subprocess.Popen([CHECKPOINTD, "rollback", plan_id, checkpoint, "--yes", *target],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               preexec_fn=_interruptible)
+    rolling = subprocess.Popen(interruptible([CHECKPOINTD, "rollback", plan_id, checkpoint, "--yes", *target]),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: (fault_dir / "paused.rollback.planned").exists(), "the rollback to reach the server")
         rolling.send_signal(signal.SIGINT)
