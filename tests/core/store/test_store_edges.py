@@ -271,7 +271,7 @@ def test_an_unsynced_delta_that_reproduces_its_object_is_kept_on_open(tmp_path):
         base = batch.put_bytes(first)
     unfinished = store.batch()
     digest = unfinished.put_bytes(second, base)
-    assert store._staged[digest][0].kind == b"Y"
+    assert store._staged.first(digest).kind == b"Y"
     store.close()
     reopened = ContentStore(tmp_path)
     assert reopened.has(digest) and reopened.read_bytes(digest) == second

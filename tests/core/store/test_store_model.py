@@ -616,27 +616,34 @@ def test_an_object_two_open_batches_wrote_stays_readable_when_one_of_them_aborts
         store.close()
 
 
+def _racing_a_whole_commit(store: ContentStore, data: bytes) -> Batch:
+    """A batch that, once it finds an object missing, sees another capture of ``data`` commit it
+    whole before it writes it (two captures of one new content at once)."""
+    late = store.batch()
+    real_known = late._known
+
+    def known(wanted: str) -> bool:
+        found = real_known(wanted)
+        if not found:
+            with store.batch() as reader:
+                reader.put_records([_whole_record(data)])
+        return found
+
+    late._known = known
+    return late
+
+
 def test_a_batch_whose_object_was_committed_meanwhile_leaves_nothing_staged(tmp_path):
     store = ContentStore(tmp_path)
     base_data = _first_version("stale")
     data = base_data + b"# a new version\n"
     with store.batch() as batch:
         base = batch.put_bytes(base_data)
-    late = store.batch()
-    real_known = late._known
-
-    def known(digest: str) -> bool:
-        found = real_known(digest)
-        if not found:
-            with store.batch() as reader:  # another capture of the same content commits it whole
-                reader.put_records([_whole_record(data)])
-        return found
-
-    late._known = known
+    late = _racing_a_whole_commit(store, data)
     digest = late.put_bytes(data, similar=base)
     late.commit()
     assert store.read_bytes(digest) == data and store._committed[digest].kind not in DELTAS
-    stale = store._staged.get(digest)
+    stale = store._staged.first(digest)
     with store.collecting():
         store.delete(digest)
         store.delete(base)
@@ -663,17 +670,7 @@ def _commit_whole_after(store: ContentStore, data: bytes, base: str, how: str) -
         assert store._committed[digest].depth == MAX_DELTA_DEPTH
         reader.commit()  # a whole record replaces a committed delta (a chain ending there is shorter)
     else:
-        late = store.batch()
-        real_known = late._known
-
-        def known(wanted: str) -> bool:
-            found = real_known(wanted)
-            if not found:
-                with store.batch() as reader:  # another capture of the same content commits it whole
-                    reader.put_records([_whole_record(data)])
-            return found
-
-        late._known = known
+        late = _racing_a_whole_commit(store, data)
         late.put_bytes(data, similar=base)
         assert late._pending[digest].depth == MAX_DELTA_DEPTH
         late._forget() if how == "crashed" else late.abort()

@@ -75,6 +75,7 @@ from checkpointd.core.store.packs import (
     zstd_decompress_chain,
 )
 from checkpointd.core.store.similar import SimilarIndex, anchors
+from checkpointd.core.store.staging import StagedObjects
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
 
 if TYPE_CHECKING:
@@ -239,10 +240,7 @@ class ContentStore(PackReplay, Compaction):
         #: Committed objects: durable, counted by ``has``.
         self._committed: dict[str, Location] = {}
         #: Objects written by open batches, readable before they are committed.
-        #: Objects written by open batches, readable before they are committed: every open batch's
-        #: location of each (two may write one object at once; either may abort).
-        self._staged: dict[str, list[Location]] = {}
-        self._staged_lock = threading.Lock()
+        self._staged: StagedObjects[Location] = StagedObjects()
         #: Held while a batch's objects join ``_committed`` (see ``Batch._keep_records_committed_meanwhile``).
         self._commit_lock = threading.Lock()
         self._gc_fence = SharedExclusiveLock()
@@ -409,9 +407,7 @@ class ContentStore(PackReplay, Compaction):
     def _locate(self, digest: str) -> Location | None:
         location = self._committed.get(digest)
         if location is None:
-            with self._staged_lock:
-                staged = self._staged.get(digest)
-                location = staged[0] if staged else None
+            location = self._staged.first(digest)
         return location
 
     def _open_loose(self, digest: str):
@@ -623,9 +619,7 @@ class Batch:
                     end = location.offset + location.length
                     if self._pack_ends.get(location.pack, 0) < end:
                         self._pack_ends[location.pack] = end
-        with self.store._staged_lock:
-            for digest, location in published:
-                self.store._staged.setdefault(digest, []).append(location)
+        self.store._staged.add_all(published)
         return published
 
     def put_bytes(self, data: bytes, similar: str = "") -> str:
@@ -801,7 +795,7 @@ class Batch:
             copy.pack.sync_to(copy.offset + copy.length)
             copied[digest] = copy
         for digest, copy in copied.items():
-            self._unstage(digest, self._pending[digest])
+            self.store._staged.remove(digest, self._pending[digest])
             self._count_dead(digest, self._pending[digest])
             self._pending[digest] = copy
 
@@ -846,22 +840,9 @@ class Batch:
 
     def _forget(self) -> None:
         for digest, location in self._pending.items():
-            self._unstage(digest, location)
+            self.store._staged.remove(digest, location)
         self._pending.clear()
         self._pack_ends.clear()
-
-    def _unstage(self, digest: str, location: Location) -> None:
-        """This batch's location of ``digest`` is no longer readable as staged; another open
-        batch's location of it still is."""
-        staged = self.store._staged
-        with self.store._staged_lock:
-            locations = staged.get(digest, [])
-            for index, other in enumerate(locations):
-                if other is location:
-                    del locations[index]
-                    break
-            if not locations:
-                staged.pop(digest, None)
 
     def abort(self) -> None:
         """Drops the batch: its large objects are deleted, its packed records are left

@@ -40,6 +40,7 @@ from checkpointd.core.metadata.models import ContentStoreStateRow, ObjectChunkRo
 from checkpointd.core.store.content_store import ContentStore, Postponed, SharedExclusiveLock, run_finish_callbacks
 from checkpointd.core.store.packs import zlib_decompress
 from checkpointd.core.store.replica_fence import FENCE_LOCK, ReplicaFence
+from checkpointd.core.store.staging import StagedObjects
 
 _RAW = "R"
 _ZLIB = "Z"
@@ -111,9 +112,7 @@ class DatabaseStore(ReplicaFence):
         self.staging = staging
         self.staging.mkdir(parents=True, exist_ok=True)
         self._clear_staging()
-        #: Every open batch's staged copy of each object (two may write one at once; either may abort).
-        self._staged: dict[str, list[_Staged]] = {}
-        self._staged_lock = threading.Lock()
+        self._staged: StagedObjects[_Staged] = StagedObjects()
         self._local_fence = SharedExclusiveLock()
         self._replica_fence = db.advisory_lock(FENCE_LOCK, shared=True)
         #: Guards the replica fence's state below and ``_known``.
@@ -194,9 +193,7 @@ class DatabaseStore(ReplicaFence):
         looks at the database, as the batch may commit and forget it in between)."""
         first = self._first_chunk(digest)
         if first is None:
-            with self._staged_lock:
-                copies = self._staged.get(digest)
-                staged = copies[0] if copies else None
+            staged = self._staged.first(digest)
             if staged is not None:
                 try:
                     opened = open(staged.path, "rb") if staged.path else None  # noqa: SIM115 - closed below
@@ -401,8 +398,7 @@ class Batch:
             if staged.path is not None:
                 staged.path.unlink(missing_ok=True)
             return
-        with self.store._staged_lock:
-            self.store._staged.setdefault(digest, []).append(staged)
+        self.store._staged.add_all([(digest, staged)])
 
     def put_bytes(self, data: bytes, similar: str = "") -> str:
         """Stores ``data``. ``similar`` (a previous version) is accepted for the
@@ -479,15 +475,8 @@ class Batch:
 
     def _forget(self) -> None:
         """Drops the staged objects (after a commit too: they are in the database then)."""
-        with self.store._staged_lock:
-            for digest, staged in self._pending.items():
-                copies = self.store._staged.get(digest, [])
-                for index, other in enumerate(copies):
-                    if other is staged:
-                        del copies[index]
-                        break
-                if not copies:
-                    self.store._staged.pop(digest, None)
+        for digest, staged in self._pending.items():
+            self.store._staged.remove(digest, staged)
         for staged in self._pending.values():
             if staged.path is not None:
                 staged.path.unlink(missing_ok=True)

@@ -117,16 +117,14 @@ class PackReplay:
             current = self._committed.get(digest)
             if current is None or current.kind not in DELTAS:
                 continue
-            for candidate in sorted(earlier, key=_depth):
-                if _depth(candidate) >= current.depth:
+            for candidate in sorted(earlier, key=lambda location: location.depth):
+                if candidate.depth >= current.depth:
                     break
                 if candidate.kind in DELTAS and not (self._chain_avoids(candidate.base, digest)
                                                      and self._verifies(digest, candidate)):
                     continue
                 self._mark_dead(digest, current)
-                if candidate.pack is not None:
-                    self._dead[candidate.pack] -= RECORD.size + candidate.length
-                self._committed[digest] = candidate
+                self._index_again(digest, candidate)
                 if candidate.kind in DELTAS:
                     self._dependents.setdefault(candidate.base, set()).add(digest)
                 break
@@ -185,6 +183,12 @@ class PackReplay:
             resolved[delta] = ok
         return ok
 
+    def _index_again(self, digest: str, earlier: Location) -> None:
+        """Indexes a superseded record of ``digest`` again (no longer counted dead)."""
+        self._committed[digest] = earlier
+        if earlier.pack is not None:
+            self._dead[earlier.pack] -= RECORD.size + earlier.length
+
     def _fall_back(self, digest: str, recovery: Recovery, resolved: dict[str, bool] | None = None) -> bool:
         """Drops the indexed record of ``digest``; an earlier record of it that resolves
         (one a later batch's record superseded) takes its place. Whether one did."""
@@ -192,9 +196,7 @@ class PackReplay:
         recovery.falling_back.add(digest)
         try:
             for earlier in reversed(recovery.superseded.pop(digest, [])):
-                self._committed[digest] = earlier
-                if earlier.pack is not None:
-                    self._dead[earlier.pack] -= RECORD.size + earlier.length
+                self._index_again(digest, earlier)
                 if earlier.kind not in DELTAS or self._resolves(earlier.base, recovery,
                                                                   {} if resolved is None else resolved):
                     return True
@@ -202,7 +204,3 @@ class PackReplay:
             return False
         finally:
             recovery.falling_back.discard(digest)
-
-
-def _depth(location: Location) -> int:
-    return location.depth if location.kind in DELTAS else 0
