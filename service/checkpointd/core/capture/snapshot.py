@@ -83,6 +83,9 @@ class CaptureResult:
     #: Captured (or too large) regular files with more than one name, and their inodes: a write
     #: through another name, maybe outside the workspace, is reported to no watch of ours.
     linked: dict[str, Inode] = field(default_factory=dict)
+    #: Paths added by ``Snapshotter.capture_paths`` (ignored or skipped by the capture): the stat
+    #: index says nothing of what was read there.
+    unindexed: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -460,8 +463,10 @@ class Snapshotter:
                         try:
                             entry = _entry_at(dfd, name, st, batch)
                         except OSError as exc:
-                            if exc.errno in FLIPPED:
-                                continue
+                            if exc.errno in FLIPPED or exc.errno == errno.ENXIO:
+                                continue  # changed kind since its lstat (ENXIO: a socket or device now)
+                            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                                raise Inaccessible(path, exc) from exc  # a lease another process holds
                             raise
                         if entry is not None:
                             out[path] = entry

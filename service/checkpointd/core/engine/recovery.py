@@ -113,7 +113,7 @@ class Recovery:
                 record = bool(changes) and capture.tree != entry.safety_tree
                 state_digest, state_size = (safety_state(session, entry.plan_id, b"", batch) if record
                                             else (None, 0))
-            seen = seen_by_capture(parts, plan.workspace_root, changes)
+            seen = seen_by_capture(parts, plan.workspace_root, capture, changes)
             if record:
                 verb = "finishing" if entry.goal is Goal.COMPLETE else "undoing"
                 safety = new_row(plan, capture, patterns, excluded, state_digest, state_size,

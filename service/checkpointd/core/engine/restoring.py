@@ -42,8 +42,10 @@ def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: Ch
             capture.file_count += sum(e.kind is not EntryKind.DIR for e in extra.values())
             capture.total_size += sum(e.size for e in extra.values())
             capture.skipped = [s for s in capture.skipped if s.path not in extra]
-        return parts.restorer.plan(workspace, capture.tree, goal.tree_digest, _target_rules(parts, goal),
-                                   {s[0] for s in goal.skipped}, subset, keep)
+            capture.unindexed.update(extra)
+        changes = parts.restorer.plan(workspace, capture.tree, goal.tree_digest, _target_rules(parts, goal),
+                                      {s[0] for s in goal.skipped}, subset, keep)
+        return changes if written is None else _with_a_directory_to_go_in(parts, capture.tree, changes)
     except Inaccessible as exc:
         raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
                                  f"cannot roll back: {exc.path!r} cannot be read ({exc.cause.strerror}); "
@@ -52,6 +54,26 @@ def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: Ch
         raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
                                  f"the workspace changed while the rollback was being planned ({exc}); "
                                  "nothing was changed", path=str(exc)[:512]) from exc
+
+
+def _with_a_directory_to_go_in(parts: EngineParts, tree: str, changes: list[Change]) -> list[Change]:
+    """An undo's changes without those that would put something back in a directory that is no
+    longer there (moved away, deleted, or made something else since the rollback began) and that
+    the undo does not make itself: that directory's fate is a change made after the rollback
+    began, which wins, and the undo could never finish otherwise. What was there is in the
+    rollback's safety checkpoint."""
+    made: set[str] = set()  # directories the undo makes (or keeps making)
+    gone: set[str] = set()
+    for change in sorted(changes, key=lambda c: c.path.count("/")):
+        parent = change.path.rpartition("/")[0]
+        if change.target is not None and parent and parent not in made:
+            entry = parts.trees.lookup(tree, parent)
+            if entry is None or entry.kind is not EntryKind.DIR:
+                gone.add(change.path)
+                continue
+        if change.target is not None and change.target.kind is EntryKind.DIR:
+            made.add(change.path)
+    return [c for c in changes if c.path not in gone]
 
 
 def _target_rules(parts: EngineParts, row: CheckpointRow) -> IgnoreRules:
@@ -64,16 +86,19 @@ def _target_rules(parts: EngineParts, row: CheckpointRow) -> IgnoreRules:
     return IgnoreRules(row.ignore_patterns, load, row.excluded_paths)
 
 
-def seen_by_capture(parts: EngineParts, root: str | None, changes: list[Change]) -> dict[str, Indexed]:
+def seen_by_capture(parts: EngineParts, root: str | None, capture: CaptureResult,
+                    changes: list[Change]) -> dict[str, Indexed]:
     """What the capture that planned ``changes`` saw of each file they replace or remove: the
-    stat index's entry, when it is the one the capture used (same digest)."""
+    stat index's entry, when it is the one the capture used (same digest). A path the capture
+    added by reading it alone (``capture.unindexed``) has none: the index's entry there is of an
+    earlier capture, maybe of another inode with the same content, so the check hashes it."""
     if not root or not changes:
         return {}
     index = parts.snapshotter.index.for_root(root)
     seen = {}
     for change in changes:
         base = change.base
-        if base is not None and base.kind is EntryKind.FILE:
+        if base is not None and base.kind is EntryKind.FILE and change.path not in capture.unindexed:
             known = index.get(change.path)
             if known is not None and known.digest == base.digest and known.size == base.size:
                 seen[change.path] = known

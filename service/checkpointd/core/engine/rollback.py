@@ -105,7 +105,7 @@ class Rollbacks:
                 batch.abort()
                 return RollbackResult(changes, parts.state(target) if req.scope.state else b"", None, True, nested)
             state_digest, state_size = safety_state(session, plan_id, req.current_state, batch)
-        seen = seen_by_capture(parts, plan.workspace_root, changes)
+        seen = seen_by_capture(parts, plan.workspace_root, capture, changes)
         crash_point(Point.ROLLBACK_PLANNED)
         safety = new_row(plan, capture, patterns, excluded, state_digest, state_size,
                          phase=Phase.ROLLBACK_SAFETY.value, trigger=Trigger.ROLLBACK.value,

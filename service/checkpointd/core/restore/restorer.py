@@ -70,6 +70,15 @@ def _in_scope(path: str, subset: Collection[str]) -> bool:
     return not subset or is_under(path, subset)
 
 
+def _within(path: str, paths: Collection[str]) -> bool:
+    """``path`` or one of its ancestors is in ``paths`` (a set: one look-up per level)."""
+    while path:
+        if path in paths:
+            return True
+        path = path.rpartition("/")[0]
+    return False
+
+
 def _ancestor_of_scope(path: str, subset: Collection[str]) -> bool:
     return any(s.startswith(path + "/") for s in subset)
 
@@ -255,7 +264,7 @@ class Restorer:
                     raise _conflict(path, "a directory holding files the checkpoint does not account for "
                                           f"would have to become a {target.kind.name.lower()}")
                 removed.add(path)
-            elif emptied and path not in target_skipped and not target_rules.ignores_path(
+            elif emptied and not _within(path, target_skipped) and not target_rules.ignores_path(
                     path, base.kind is EntryKind.DIR):
                 removed.add(path)
             else:

@@ -1,9 +1,13 @@
 """Confined access to one workspace directory.
 
-Every operation walks one component at a time with O_NOFOLLOW - from ``/`` to the root
-(whose stored path is already resolved, so it has no symlink to follow), then from the root
-to the path - so no read or write can be redirected outside the root by a symlink, by ``..``
-or by a directory swapped in mid-operation, whether inside the workspace or above it. Files
+Every operation reaches its directory from ``/`` without following a symlink at any component
+(the root's stored path is already resolved, so it has none): with one openat2(2) with
+RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS where the kernel has it (``beneath``), else by walking
+one component at a time with O_NOFOLLOW. So no read or write can be redirected outside the
+root by a symlink, by ``..`` or by a directory swapped in mid-operation, whether inside the
+workspace or above it; and right before a change, the directory it is made in is resolved again
+and must still be the one opened (``_still_at``), so a directory moved out of the root while a
+file was being written into it is never changed. Files
 are replaced atomically (temporary name in the same directory, fsync, rename); the rename
 replaces a symlink itself, never what it points to, and never writes into a hard-linked
 inode. Within ``batched_sync`` the fsyncs are deferred instead: each file and directory
@@ -14,7 +18,7 @@ Every call that replaces or removes a path takes a ``check``: called with the pa
 directory's fd and the name just before the rename, unlink, rmdir or mkdir, it raises if the
 path is no longer what the caller expects (see ``restore.restorer``). A temporary file is written and
 synced (or, batched, fully written) before its check, so the check-to-rename window is one
-``lstat`` and one ``rename``.
+``lstat``, the directory's resolution and one ``rename``.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import re
 import stat
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
+from checkpointd.core.workspace import beneath
 from checkpointd.core.workspace.syncbatch import SyncBatch
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -85,6 +90,42 @@ def is_under(path: str, prefixes: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+_slash_fd: int | None = None
+
+
+def _slash() -> int:
+    """An fd of ``/``, kept: every openat2 starts there."""
+    global _slash_fd
+    if _slash_fd is None:
+        _slash_fd = os.open("/", _DIR_FLAGS)
+    return _slash_fd
+
+
+def _open_dir_below(root: int, path: str) -> int:
+    """An fd of directory ``path`` below ``root`` ('' is the root itself), walked one component at
+    a time without following a link; UnsafePath when a component is a symlink or not a directory."""
+    fd = os.dup(root)
+    try:
+        for part in filter(None, path.split("/")):
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(path) from exc
+                raise
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _open_no_symlinks(path: str) -> int:
     """An fd of the directory at absolute ``path``, refusing a symlink at any component."""
     fd = os.open("/", _DIR_FLAGS)
@@ -130,38 +171,77 @@ class Workspace:
 
     @contextlib.contextmanager
     def root_fd(self) -> Iterator[int]:
-        try:
-            fd = _open_no_symlinks(self.root)
-        except OSError as exc:
-            why = "a component is now a symlink" if exc.errno == errno.ELOOP else exc.strerror
-            raise FailedPrecondition(
-                Reason.WORKSPACE_UNAVAILABLE,
-                f"workspace root {self.root} is not an accessible directory: {why}",
-                workspace_root=self.root,
-            ) from exc
+        fd = self._open_dir("")
         try:
             yield fd
         finally:
             os.close(fd)
 
+    def _unavailable(self, exc: OSError) -> FailedPrecondition:
+        why = "a component is now a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        return FailedPrecondition(Reason.WORKSPACE_UNAVAILABLE,
+                                  f"workspace root {self.root} is not an accessible directory: {why}",
+                                  workspace_root=self.root)
+
     @contextlib.contextmanager
     def dir_fd(self, path: str) -> Iterator[int]:
         """An fd of directory ``path`` ('' is the root), reached without following links."""
-        with self.root_fd() as root:
-            fd = os.dup(root)
+        fd = self._open_dir(path)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _open_dir(self, path: str) -> int:
+        """Directory ``path`` resolved from ``/`` in one openat2 (see ``beneath``); on any failure,
+        or without openat2, walked the old way, which also tells a root that is not reachable
+        (FailedPrecondition) from a path below it that is unsafe (UnsafePath) or missing."""
+        with contextlib.suppress(OSError):
+            fd = beneath.open_dir(_slash(), f"{self.root}/{path}".strip("/"))
+            if fd is not None:
+                return fd
+        try:
+            root = _open_no_symlinks(self.root)
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            return _open_dir_below(root, path)
+        finally:
+            os.close(root)
+
+    def _still_at(self, path: str, fd: int) -> None:
+        """Raises UnsafePath unless directory ``fd`` is still the one at ``path``: called right
+        before a change made through it, so that a directory moved out of the root (or swapped
+        for another) after it was opened is never written in."""
+        try:
+            again = self._open_dir(path)
+        except (OSError, UnsafePath, FailedPrecondition) as exc:
+            raise UnsafePath(path) from exc
+        try:
+            now, held = os.fstat(again), os.fstat(fd)
+        finally:
+            os.close(again)
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise UnsafePath(path)
+
+    @contextlib.contextmanager
+    def _changing(self, path: str) -> Iterator[int]:
+        """``dir_fd`` for a change to the entries of directory ``path``. One without its owner's
+        write bit (a read-only directory the user made, or a rollback restored and its undo must
+        take back) gets the bit for the change when the server owns it, so a server that is not
+        root does what root does (root ignores the bit) instead of failing there for good; its
+        mode is set back right after (a crash in between leaves it writable, which the next
+        capture records and a rollback's own mode step corrects)."""
+        with self.dir_fd(path) as fd:
+            st = os.fstat(fd)
+            if st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid():
+                yield fd
+                return
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
             try:
-                for part in filter(None, path.split("/")):
-                    try:
-                        nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    except OSError as exc:
-                        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                            raise UnsafePath(path) from exc
-                        raise
-                    os.close(fd)
-                    fd = nxt
                 yield fd
             finally:
-                os.close(fd)
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
 
     @contextlib.contextmanager
     def directories(self) -> Iterator[Directories]:
@@ -210,9 +290,10 @@ class Workspace:
     def make_dir(self, path: str, mode: int, check: Check = _no_check) -> None:
         """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode."""
         parent, _, name = path.rpartition("/")
-        with self.dir_fd(parent) as fd:
+        with self._changing(parent) as fd:
             self._synced_dir(parent, fd)
             check(fd, name)
+            self._still_at(parent, fd)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
             try:
@@ -232,7 +313,7 @@ class Workspace:
 
     def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check) -> None:
         parent, _, name = path.rpartition("/")
-        with self.dir_fd(parent) as dfd:
+        with self._changing(parent) as dfd:
             temp = self._temp_name()
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=dfd)
@@ -255,7 +336,7 @@ class Workspace:
 
     def write_symlink(self, path: str, target: str, check: Check = _no_check) -> None:
         parent, _, name = path.rpartition("/")
-        with self.dir_fd(parent) as dfd:
+        with self._changing(parent) as dfd:
             temp = self._temp_name()
             os.symlink(target, temp, dir_fd=dfd)
             try:
@@ -267,30 +348,57 @@ class Workspace:
 
     def _temp_name(self) -> str:
         tag = f"{self.temp_tag}-" if self.temp_tag else ""
-        return f"{TEMP_PREFIX}{tag}{uuid.uuid4().hex}"
+        # 128 bits from the process's generator (reseeded in a forked child): O_EXCL refuses the
+        # unlikely clash, and a uuid4 would read the kernel's entropy for every file written.
+        return f"{TEMP_PREFIX}{tag}{random.getrandbits(128):032x}"
 
     def _replace(self, temp: str, name: str, dfd: int, check: Check, parent: str) -> None:
+        st = None
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(name, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
                 raise UnsafePath(name)
         self._synced_dir(parent, dfd)
-        check(dfd, name)
+        held = self._hold(name, dfd, st)
         try:
+            check(dfd, name)
+            self._still_at(parent, dfd)
             os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as exc:
+            _close(held)
             if exc.errno in _SWAPPED:
                 raise UnsafePath(name) from exc
             raise
+        except BaseException:
+            _close(held)
+            raise
+        self._release_later(held)
         if self._pending is None:
             os.fsync(dfd)
+
+    def _hold(self, name: str, dfd: int, st: os.stat_result | None) -> int | None:
+        """Within a batch: an fd of the regular file about to be replaced or removed, when that
+        drops its last link, so that the kernel frees it when the batch releases it (off the
+        rollback's path) instead of inside the rename or unlink (see ``SyncBatch.release_later``).
+        Read-only and non-blocking; None when not worth holding or not openable."""
+        if (self._pending is None or st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1
+                or not self._pending.may_hold(st.st_size)):
+            return None
+        try:
+            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:
+            return None
+
+    def _release_later(self, held: int | None) -> None:
+        if held is not None:
+            self._pending.release_later(held)
 
     def remove_temp_files(self, directory: str, temp_tag: str) -> int:
         """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
         prefix = f"{TEMP_PREFIX}{temp_tag}-"
         removed = 0
         try:
-            with self.dir_fd(directory) as fd:
+            with self._changing(directory) as fd:
                 for name in os.listdir(fd):
                     if name.startswith(prefix):
                         with contextlib.suppress(FileNotFoundError):
@@ -303,19 +411,30 @@ class Workspace:
     def remove(self, path: str, check: Check = _no_check) -> None:
         """Removes a file or symlink (never a directory)."""
         parent, _, name = path.rpartition("/")
-        with self.dir_fd(parent) as fd:
+        with self._changing(parent) as fd:
             self._synced_dir(parent, fd)
-            check(fd, name)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=fd)
+            held = None
+            if self._pending is not None:
+                with contextlib.suppress(OSError):
+                    held = self._hold(name, fd, os.lstat(name, dir_fd=fd))
+            try:
+                check(fd, name)
+                self._still_at(parent, fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=fd)
+            except BaseException:
+                _close(held)
+                raise
+            self._release_later(held)
 
     def remove_empty_dir(self, path: str, check: Check = _no_check) -> bool:
         """Removes a directory only if it is empty; True when it is gone."""
         parent, _, name = path.rpartition("/")
         try:
-            with self.dir_fd(parent) as fd:
+            with self._changing(parent) as fd:
                 self._synced_dir(parent, fd)
                 check(fd, name)
+                self._still_at(parent, fd)
                 os.rmdir(name, dir_fd=fd)
         except FileNotFoundError:
             return True
