@@ -18,8 +18,11 @@ gone (a writer may hold one open). Blind spots left: a file with one name that g
 outside the workspace (the link reports nowhere here) and is written through it; a file that
 gains a second name and loses its first between two captures, written through the first by a
 writer holding it open; a directory bind-mounted elsewhere in its own workspace (one watch,
-reported under one path); writes through a shared mmap before the file is closed; changes made
-on another machine to a network file system (the same as git's fsmonitor).
+reported under one path); writes through a shared mmap before the file is closed; a file made
+with O_TMPFILE, given its name with linkat and then written through its first fd (the writes
+are reported to that fd's nameless dentry, which IN_EXCL_UNLINK drops); a change of a
+directory's owner or ACL that leaves its mode alone (its mode changing makes the capture scan it
+again); changes made on another machine to a network file system (the same as git's fsmonitor).
 """
 
 from __future__ import annotations
@@ -223,6 +226,10 @@ class Watcher:
             return
         path = f"{directory}/{name}" if directory and name else (name or directory)
         if not path:
+            if mask & in_flags.ATTRIB:
+                # The root's own mode or owner changed: what the server may list and enter below
+                # it may have changed with it, and no event says what.
+                journal.full = "the workspace root's permissions or owner changed"
             return
         kind = ENTRY
         if mask & in_flags.ISDIR and mask & (_DIR_GONE | _DIR_NEW):

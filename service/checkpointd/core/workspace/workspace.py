@@ -272,10 +272,11 @@ class Workspace:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
         except (OSError, UnsafePath):
             return None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            os.close(fd)  # a directory opens too, and fdopen would refuse it
+            return None
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-                return None
             return f.read(limit + 1)[:limit]
 
     def listdir(self, path: str) -> list[str]:
