@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -76,3 +77,22 @@ def skip_unless_ci(reason: str, *, allow_module_level: bool = False) -> NoReturn
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: every test must run)", pytrace=False)
     pytest.skip(reason, allow_module_level=allow_module_level)
+
+
+def at_fault_point(monkeypatch: pytest.MonkeyPatch, module: object, which: object,
+                   hooks: dict[int, Callable[[], None]]) -> list[int]:
+    """Runs ``hooks[n]`` the nth time ``module`` reaches fault point ``which`` (1-based), before the
+    point itself (which may still pause or crash, as configured); returns the running count."""
+    reached = [0]
+    real = module.crash_point
+
+    def point(at, *args, **kwargs):
+        if at is which:
+            reached[0] += 1
+            hook = hooks.get(reached[0])
+            if hook is not None:
+                hook()
+        return real(at, *args, **kwargs)
+
+    monkeypatch.setattr(module, "crash_point", point)
+    return reached

@@ -4,6 +4,7 @@ same workspace at the same moment; and the same check through real servers (see 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -66,20 +67,32 @@ def describe(trees: Trees, expected: str, actual: str) -> str:
                      for c in list(trees.diff(expected, actual))[:10]) or "same tree, other totals"
 
 
+@contextlib.contextmanager
+def open_engines(base: Path) -> Iterator[Engines]:
+    """A watched capturer and a full-scan one over one store in ``base``, on a new workspace
+    ``base``/ws."""
+    store = ContentStore(base / "store")
+    trees = Trees(store)
+    watcher = Watcher()
+    watched = Capturer(Snapshotter(store, trees, StatIndex(base / "index.sqlite")), trees, watcher)
+    full = Capturer(Snapshotter(store, trees, StatIndex()), trees, None)
+    root = base / "ws"
+    root.mkdir()
+    try:
+        yield Engines(store, trees, watched, full, watcher, root, [])
+    finally:
+        watched.close()
+        watcher.close()
+        watched.snapshotter.close()
+        full.snapshotter.close()
+
+
 @pytest.fixture
 def engines(tmp_path: Path) -> Iterator[Engines]:
     if not watcher_module.available():
         pytest.fail("inotify_simple is not installed: the watcher cannot run (see pyproject dependencies)")
-    store = ContentStore(tmp_path / "store")
-    trees = Trees(store)
-    watcher = Watcher()
-    watched = Capturer(Snapshotter(store, trees, StatIndex(tmp_path / "index.sqlite")), trees, watcher)
-    full = Capturer(Snapshotter(store, trees, StatIndex()), trees, None)
-    root = tmp_path / "ws"
-    root.mkdir()
-    yield Engines(store, trees, watched, full, watcher, root, [])
-    watched.close()
-    watcher.close()
+    with open_engines(tmp_path) as opened:
+        yield opened
 
 
 def write(path: Path, text: str | bytes, mode: int | None = None) -> None:

@@ -29,14 +29,8 @@ from hypothesis import strategies as st
 
 from checkpointd.core.capture import capturer as capturer_module
 from checkpointd.core.capture import watcher as watcher_module
-from checkpointd.core.capture.capturer import Capturer
 from checkpointd.core.capture.ignore import MAX_GITIGNORE_BYTES
-from checkpointd.core.capture.snapshot import Snapshotter
-from checkpointd.core.capture.stat_index import StatIndex
-from checkpointd.core.capture.watcher import Watcher
-from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import Trees
-from tests.engine.conftest import Engines, write
+from tests.engine.conftest import Engines, open_engines, write
 from tests.engine.test_rollback_attacked import Engine
 
 # Known gaps, recorded as strict xfails (each fails today for the reason given; fixing one makes it pass).
@@ -572,24 +566,6 @@ _OPS = ("write", "same_size", "delete", "mkdirp", "rmtree", "rename", "exchange"
         "chmod", "symlink", "flip", "gitignore", "recreate", "check")
 
 
-@contextlib.contextmanager
-def _fresh_engines(base: Path):
-    store = ContentStore(base / "store")
-    trees = Trees(store)
-    watcher = Watcher()
-    watched = Capturer(Snapshotter(store, trees, StatIndex(base / "index.sqlite")), trees, watcher)
-    full = Capturer(Snapshotter(store, trees, StatIndex()), trees, None)
-    root = base / "ws"
-    root.mkdir()
-    try:
-        yield Engines(store, trees, watched, full, watcher, root, [])
-    finally:
-        watched.close()
-        watcher.close()
-        watched.snapshotter.close()
-        full.snapshotter.close()
-
-
 class _Storm:
     """Applies random operations to a small workspace, choosing among what exists."""
 
@@ -725,7 +701,7 @@ class _Storm:
 def test_random_storms_of_changes_between_incremental_captures(tmp_path_factory, steps):
     base = tmp_path_factory.mktemp("storm")
     (base / "outside").mkdir()
-    with _fresh_engines(base) as engines:
+    with open_engines(base) as engines:
         _populate(engines.root, dirs=3, files=2)
         for path in engines.root.rglob("*"):
             os.utime(path, ns=(time.time_ns() - 3600 * 10**9,) * 2, follow_symlinks=False)

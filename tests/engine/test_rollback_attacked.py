@@ -38,7 +38,7 @@ from checkpointd.core.store.tree import EntryKind, Trees
 from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
 from tests.engine.live import NamespacedServer, NamespacedSession, serve
-from tests.helpers import tree_state
+from tests.helpers import at_fault_point, tree_state
 
 # Known gaps, recorded as strict xfails (each fails today for the reason given; fixing one makes it pass).
 _KNOWN_GAP_TEMPORARY_NAME = (
@@ -130,19 +130,7 @@ def eng(tmp_path: Path) -> Iterator[Engine]:
 
 def at_restore_change(monkeypatch, hooks: dict[int, Callable[[], None]]) -> list[int]:
     """Runs ``hooks[n]`` when the restorer is about to make its nth workspace change (1-based)."""
-    reached = [0]
-    real = restorer_module.crash_point
-
-    def point(which, *args, **kwargs):
-        if which is Point.RESTORE_CHANGE:
-            reached[0] += 1
-            hook = hooks.get(reached[0])
-            if hook is not None:
-                hook()
-        return real(which, *args, **kwargs)
-
-    monkeypatch.setattr(restorer_module, "crash_point", point)
-    return reached
+    return at_fault_point(monkeypatch, restorer_module, Point.RESTORE_CHANGE, hooks)
 
 
 def fail_workspace_change(monkeypatch, n: int | set[int], error: BaseException) -> list[int]:

@@ -39,7 +39,7 @@ from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import EntryKind
 from checkpointd.core.workspace import workspace as workspace_module
 from checkpointd.core.workspace.workspace import Workspace, is_temp_name
-from tests.helpers import tree_state
+from tests.helpers import at_fault_point, tree_state
 
 
 class Plan:
@@ -86,15 +86,6 @@ class Plan:
         return tree_state(self.root)
 
 
-@pytest.fixture
-def plan(tmp_path: Path) -> Iterator[Plan]:
-    opened = Plan(tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
 def write(path: Path, content: str | bytes, mode: int | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content.encode() if isinstance(content, str) else content)
@@ -105,37 +96,13 @@ def write(path: Path, content: str | bytes, mode: int | None = None) -> Path:
 
 def at_restore_change(monkeypatch, hooks: dict[int, Callable[[], None]]) -> list[int]:
     """Runs ``hooks[n]`` when the restorer is about to make its nth workspace change (1-based)."""
-    reached = [0]
-    real = restorer_module.crash_point
-
-    def point(which, *args, **kwargs):
-        if which is Point.RESTORE_CHANGE:
-            reached[0] += 1
-            hook = hooks.get(reached[0])
-            if hook is not None:
-                hook()
-        return real(which, *args, **kwargs)
-
-    monkeypatch.setattr(restorer_module, "crash_point", point)
-    return reached
+    return at_fault_point(monkeypatch, restorer_module, Point.RESTORE_CHANGE, hooks)
 
 
 def at_workspace_write(monkeypatch, hooks: dict[int, Callable[[], None]]) -> list[int]:
     """Runs ``hooks[n]`` when the nth restored file's content is at its temporary name (1-based),
     between the walk to its directory and the rename into place."""
-    reached = [0]
-    real = workspace_module.crash_point
-
-    def point(which, *args, **kwargs):
-        if which is Point.WORKSPACE_WRITE:
-            reached[0] += 1
-            hook = hooks.get(reached[0])
-            if hook is not None:
-                hook()
-        return real(which, *args, **kwargs)
-
-    monkeypatch.setattr(workspace_module, "crash_point", point)
-    return reached
+    return at_fault_point(monkeypatch, workspace_module, Point.WORKSPACE_WRITE, hooks)
 
 
 

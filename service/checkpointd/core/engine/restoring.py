@@ -32,7 +32,13 @@ def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: Ch
         wrote = dict(written)
 
         def keep(change: Change) -> bool:
-            return change.path in wrote and holds(change.base, wrote[change.path])
+            # A directory is made again where nothing stands now (that overwrites nothing): an undo
+            # killed between removing the file the rollback put where a directory was and making
+            # the directory again leaves the path empty, and the directory's files go back into it.
+            # A file where nothing stands is not: someone deleted what the rollback wrote there, and
+            # that deletion, made after the rollback began, wins (the safety checkpoint has it).
+            return change.path in wrote and (holds(change.base, wrote[change.path]) or (
+                change.base is None and change.target is not None and change.target.kind is EntryKind.DIR))
 
     try:
         uncaptured = parts.restorer.find_uncaptured(workspace, capture.tree, goal.tree_digest, subset)

@@ -369,7 +369,8 @@ class Restorer:
         target = change.target
         check = _Expect(change.path, current, known)
         if target.kind is EntryKind.FILE:
-            workspace.write_file(change.path, self.store.iter_chunks(target.digest), target.mode, check)
+            workspace.write_file(change.path, self.store.iter_chunks(target.digest), target.mode, check,
+                                 again=lambda: self.store.iter_chunks(target.digest))
         else:
             workspace.write_symlink(change.path, target.target, check)
         return target

@@ -23,6 +23,7 @@ import ctypes.util
 import itertools
 import logging
 import os
+import resource
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 
@@ -35,10 +36,13 @@ SYNC_THREADS = 8
 #: From this many files and directories on, a batch is synced with syncfs (see the module docstring).
 SYNCFS_MIN = 8
 
-#: At most this many replaced or removed files are held open by a batch, and only files up to
-#: ``MAX_HELD_SIZE`` (see ``SyncBatch.release_later``): a full disk must not wait on them.
+#: At most this many replaced or removed files are held by a batch (fewer when the descriptor
+#: limit leaves less room), each of at most ``MAX_HELD_SIZE`` bytes and ``MAX_HELD_BYTES`` in all
+#: (see ``SyncBatch.release_later``); a write that still runs out of space or descriptors releases
+#: them and is made again (``Workspace.write_file``).
 MAX_HELD = 256
 MAX_HELD_SIZE = 1 << 20
+MAX_HELD_BYTES = 16 << 20
 
 #: Linux reports a writeback error to syncfs(2) only from 5.8 on; before, syncfs returns 0 after an
 #: I/O error and a batch would be acknowledged undurable, so older kernels fsync file by file.
@@ -103,8 +107,10 @@ class SyncBatch:
         self._devices: dict[int, int] = {}
         #: Directories already pending, by (device, inode): each is synced once per flush.
         self._dirs: set[tuple[int, int]] = set()
-        #: Read-only fds of files the batch replaced or removed, released when it closes.
+        #: O_PATH fds of files the batch replaced or removed, released when it closes.
         self._held: list[int] = []
+        self._held_bytes = 0
+        self._hold_budget = min(MAX_HELD, _spare_descriptors() // 4)
 
     def add_file(self, path: str, fd: int) -> None:
         """``fd``'s file (written, not synced) must be durable at the next flush."""
@@ -129,9 +135,18 @@ class SyncBatch:
 
     def may_hold(self, size: int) -> bool:
         """Whether a replaced file of ``size`` bytes is worth holding (see ``release_later``)."""
-        return size <= MAX_HELD_SIZE and len(self._held) < MAX_HELD
+        return (size <= MAX_HELD_SIZE and len(self._held) < self._hold_budget
+                and self._held_bytes + size <= MAX_HELD_BYTES)
 
-    def release_later(self, fd: int) -> None:
+    def release_held_now(self) -> bool:
+        """Releases the files held so far at once (a write ran out of space or descriptors);
+        whether there were any."""
+        held, self._held = self._held, []
+        self._held_bytes = 0
+        _release_fds(held)
+        return bool(held)
+
+    def release_later(self, fd: int, size: int) -> None:
         """``fd`` is the last reference to a file the batch just replaced or removed: closing it
         frees the file's blocks (on ext4, ~50 µs of a small file's rename or unlink, paid inside
         that call when nothing holds it). The batch closes such fds when it closes, on a thread
@@ -139,6 +154,7 @@ class SyncBatch:
         content is gone from the workspace either way: holding it open changes nothing anyone can
         see but when its blocks are freed (at the latest when the process exits)."""
         self._held.append(fd)
+        self._held_bytes += size
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -175,6 +191,7 @@ class SyncBatch:
             with contextlib.suppress(OSError):
                 os.close(fd)
         held, self._held = self._held, []
+        self._held_bytes = 0
         if held:
             releasing = threading.Thread(target=_release, args=(held,), name="checkpointd-release", daemon=True)
             with _releasing_guard:
@@ -186,11 +203,27 @@ _releasing: set[threading.Thread] = set()
 _releasing_guard = threading.Lock()
 
 
+def _spare_descriptors() -> int:
+    """Descriptors this process may still open under its soft limit (0 when unknown)."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        in_use = len(os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        return 0
+    if soft == resource.RLIM_INFINITY:
+        return MAX_HELD * 4
+    return max(0, soft - in_use - MAX_PENDING - 64)
+
+
+def _release_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def _release(fds: list[int]) -> None:
     try:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _release_fds(fds)
     finally:
         with _releasing_guard:
             _releasing.discard(threading.current_thread())

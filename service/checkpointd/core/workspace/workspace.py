@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
-from checkpointd.core.workspace.syncbatch import SyncBatch
+from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The one name prefix the server creates in workspaces (see ``Workspace._temp_name``).
@@ -48,6 +48,10 @@ _SWAPPED = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY, errno.EEX
 
 #: Called with (parent directory fd, name) just before a path is replaced or removed; raises to stop.
 Check = Callable[[int, str], None]
+
+
+#: errno values of a resource the files a batch holds (``SyncBatch.release_later``) may be using up.
+_EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE)
 
 
 class UnsafePath(Exception):
@@ -90,9 +94,9 @@ def is_under(path: str, prefixes: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
-def _close(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
+def _close(held: tuple[int, int] | None) -> None:
+    if held is not None:
+        os.close(held[0])
 
 
 _slash_fd: int | None = None
@@ -109,26 +113,22 @@ def _slash() -> int:
 def _open_dir_below(root: int, path: str) -> int:
     """An fd of directory ``path`` below ``root`` ('' is the root itself), walked one component at
     a time without following a link; UnsafePath when a component is a symlink or not a directory."""
-    fd = os.dup(root)
     try:
-        for part in filter(None, path.split("/")):
-            try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafePath(path) from exc
-                raise
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
+        return _walk(os.dup(root), path)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePath(path) from exc
         raise
-    return fd
 
 
 def _open_no_symlinks(path: str) -> int:
     """An fd of the directory at absolute ``path``, refusing a symlink at any component."""
-    fd = os.open("/", _DIR_FLAGS)
+    return _walk(os.open("/", _DIR_FLAGS), path)
+
+
+def _walk(fd: int, path: str) -> int:
+    """From directory ``fd`` (taken over: closed on the way) down ``path``, one O_NOFOLLOW
+    component at a time."""
     try:
         for part in filter(None, path.split("/")):
             nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
@@ -234,14 +234,20 @@ class Workspace:
         capture records and a rollback's own mode step corrects)."""
         with self.dir_fd(path) as fd:
             st = os.fstat(fd)
-            if st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid():
+            mode = stat.S_IMODE(st.st_mode)
+            if (st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid()
+                    or (mode & stat.S_ISGID and st.st_gid != os.getegid() and st.st_gid not in os.getgroups())):
+                # Not ours, or a setgid bit that our fchmod would clear (the kernel does, for a
+                # caller outside the directory's group): change nothing, fail as before.
                 yield fd
                 return
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+            writable = mode | stat.S_IWUSR
+            os.fchmod(fd, writable)
             try:
                 yield fd
             finally:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+                if stat.S_IMODE(os.fstat(fd).st_mode) == writable:
+                    os.fchmod(fd, mode)  # unless someone chmod-ed it meanwhile: theirs stays
 
     @contextlib.contextmanager
     def directories(self) -> Iterator[Directories]:
@@ -312,7 +318,20 @@ class Workspace:
         with self.dir_fd(path) as fd:
             os.fchmod(fd, mode)
 
-    def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check) -> None:
+    def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check,
+                   again: Callable[[], Iterable[bytes]] | None = None) -> None:
+        """Replaces ``path`` with the content ``chunks`` yields. Within a batch, a write that runs out
+        of space or descriptors while the batch holds replaced files (``SyncBatch.release_later``)
+        releases them and is made once more, with the content ``again`` yields, if given."""
+        try:
+            self._write_file(path, chunks, mode, check)
+        except OSError as exc:
+            if (exc.errno not in _EXHAUSTED or isinstance(exc, SyncFailed) or again is None
+                    or self._pending is None or not self._pending.release_held_now()):
+                raise
+            self._write_file(path, again(), mode, check)
+
+    def _write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check) -> None:
         parent, _, name = path.rpartition("/")
         with self._changing(parent) as dfd:
             temp = self._temp_name()
@@ -377,22 +396,24 @@ class Workspace:
         if self._pending is None:
             os.fsync(dfd)
 
-    def _hold(self, name: str, dfd: int, st: os.stat_result | None) -> int | None:
+    def _hold(self, name: str, dfd: int, st: os.stat_result | None) -> tuple[int, int] | None:
         """Within a batch: an fd of the regular file about to be replaced or removed, when that
         drops its last link, so that the kernel frees it when the batch releases it (off the
         rollback's path) instead of inside the rename or unlink (see ``SyncBatch.release_later``).
-        Read-only and non-blocking; None when not worth holding or not openable."""
+        None when not worth holding (see ``SyncBatch.may_hold``) or not openable."""
         if (self._pending is None or st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1
                 or not self._pending.may_hold(st.st_size)):
             return None
         try:
-            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            # O_PATH: a reference to the inode and nothing else (a FIFO swapped in meanwhile is
+            # not opened, no lease is broken, no permission is needed).
+            return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd), st.st_size
         except OSError:
             return None
 
-    def _release_later(self, held: int | None) -> None:
+    def _release_later(self, held: tuple[int, int] | None) -> None:
         if held is not None:
-            self._pending.release_later(held)
+            self._pending.release_later(*held)
 
     def remove_temp_files(self, directory: str, temp_tag: str) -> int:
         """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
