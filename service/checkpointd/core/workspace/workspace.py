@@ -230,8 +230,10 @@ class Workspace:
         write bit (a read-only directory the user made, or a rollback restored and its undo must
         take back) gets the bit for the change when the server owns it, so a server that is not
         root does what root does (root ignores the bit) instead of failing there for good; its
-        mode is set back right after (a crash in between leaves it writable, which the next
-        capture records and a rollback's own mode step corrects)."""
+        mode is set back right after, unless someone changed it meanwhile. A kill in between
+        leaves the directory owner-writable: the next capture records that, and an unscoped
+        rollback's recovery puts the mode back, but a scoped one's, an undo's and the root's do not
+        (known gaps, tests/core/restore/test_rollback_changes_attacked.py)."""
         with self.dir_fd(path) as fd:
             st = os.fstat(fd)
             mode = stat.S_IMODE(st.st_mode)
