@@ -398,8 +398,8 @@ class Capturer:
                 delta.set(path, old, None, skip=Skipped(path, 0, SKIP_TOO_DEEP))
             elif (kind & SUBTREE or old is None or old.kind is not EntryKind.DIR
                   or _may_read_differently(old.mode, mode) or _skipped_under(delta.base, path)):
-                # A directory whose read or search bits changed (for a server that heeds them), or
-                # under which the base skipped something, is scanned again: what the server may
+                # A directory whose read or search bits changed, or under which the base skipped
+                # something, is scanned again: what the server may
                 # list, enter and read in it may have changed, and inotify reports that change of
                 # the directory alone, none of its entries.
                 try:
@@ -456,26 +456,10 @@ class Capturer:
 
 
 def _may_read_differently(old_mode: int, mode: int) -> bool:
-    """Whether a directory's mode changed in a way that may change what this thread can read in
-    it: its read or search bits moved, and the thread lacks CAP_DAC_READ_SEARCH (with which no
-    mode bit stops it from listing, entering or reading)."""
-    return bool((old_mode ^ mode) & 0o555) and not _reads_past_permissions()
-
-
-def _reads_past_permissions() -> bool:
-    """Whether this thread has CAP_DAC_READ_SEARCH in its effective set (capabilities are per
-    thread); False when that cannot be read."""
-    try:
-        with open("/proc/thread-self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"CapEff:"):
-                    return bool(int(line.split()[1], 16) & (1 << _CAP_DAC_READ_SEARCH))
-    except (OSError, ValueError, IndexError):
-        return False
-    return False
-
-
-_CAP_DAC_READ_SEARCH = 2
+    """Whether a directory's mode changed in a way that may change what the server can read in
+    it: its read or search bits moved. Even a root server heeds them for a directory whose owner
+    its user namespace does not map (a rootless container), so capabilities are not consulted."""
+    return bool((old_mode ^ mode) & 0o555)
 
 
 def _skipped_under(base: _Base, path: str) -> bool:

@@ -119,7 +119,13 @@ class ApplyInterrupted(Exception):
 
 
 def _removes_base(change: Change) -> bool:
-    return change.base is not None and (change.target is None or change.base.kind is not change.target.kind)
+    """Whether what stands at the path must go first: it goes, or a directory is on either side of
+    a kind change. A file and a symlink replace each other in one rename, with no moment where
+    the path is empty (an undo killed at such a moment could not tell its own removal from a
+    user's deletion)."""
+    base, target = change.base, change.target
+    return base is not None and (target is None or (base.kind is not target.kind
+                                                    and EntryKind.DIR in (base.kind, target.kind)))
 
 
 def _depth(change: Change) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import random
 import re
@@ -35,6 +36,8 @@ from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, 
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
 from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed
+
+log = logging.getLogger("checkpointd.workspace")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The one name prefix the server creates in workspaces (see ``Workspace._temp_name``).
@@ -52,6 +55,8 @@ Check = Callable[[int, str], None]
 
 #: errno values of a resource the files a batch holds (``SyncBatch.release_later``) may be using up.
 _EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE)
+#: errno values that say nothing of a path, only that the process ran short: passed on as they are.
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 class UnsafePath(Exception):
@@ -203,6 +208,8 @@ class Workspace:
         try:
             root = _open_no_symlinks(self.root)
         except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                raise
             raise self._unavailable(exc) from exc
         try:
             return _open_dir_below(root, path)
@@ -215,7 +222,11 @@ class Workspace:
         for another) after it was opened is never written in."""
         try:
             again = self._open_dir(path)
-        except (OSError, UnsafePath, FailedPrecondition) as exc:
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                raise
+            raise UnsafePath(path) from exc
+        except (UnsafePath, FailedPrecondition) as exc:
             raise UnsafePath(path) from exc
         try:
             now, held = os.fstat(again), os.fstat(fd)
@@ -248,8 +259,19 @@ class Workspace:
             try:
                 yield fd
             finally:
-                if stat.S_IMODE(os.fstat(fd).st_mode) == writable:
-                    os.fchmod(fd, mode)  # unless someone chmod-ed it meanwhile: theirs stays
+                self._take_back_write_bit(path, fd, mode, writable)
+
+    @staticmethod
+    def _take_back_write_bit(path: str, fd: int, mode: int, writable: int) -> None:
+        """Sets ``mode`` back unless someone chmod-ed the directory since (to another mode than
+        ``writable``: the change made inside moved its ctime, so a chmod to that very mode cannot
+        be told apart). Never raises: the change it follows has been made (a failure is logged,
+        and the directory is left owner-writable)."""
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) == writable:
+                os.fchmod(fd, mode)
+        except OSError as exc:
+            log.warning("could not set the mode of %r back to %o: %s", path, mode, exc.strerror)
 
     @contextlib.contextmanager
     def directories(self) -> Iterator[Directories]:
