@@ -637,6 +637,22 @@ def test_many_rollbacks_in_a_row_leave_no_replaced_file_held(plan: Plan) -> None
 # -- 5. an undo dropping changes whose directory is gone ---------------------------------------------
 
 
+def _d_a_file_in_the_target_a_directory_now(plan: Plan, monkeypatch) -> tuple:
+    """The target has d as a file; the workspace has d/ holding f.txt; the user rewrites z.txt
+    during the rollback (a conflict there, so the rollback undoes itself). Returns (target, the
+    workspace's state before the rollback)."""
+    write(plan.root / "d", "target: d is a file\n")
+    write(plan.root / "z.txt", "target z\n")
+    target = plan.checkpoint()
+    os.unlink(plan.root / "d")
+    write(plan.root / "d/f.txt", "the user's precious file\n")
+    write(plan.root / "z.txt", "changed z\n")
+    plan.checkpoint()
+    before = plan.state()
+    before_workspace_call(monkeypatch, "z.txt", lambda: write(plan.root / "z.txt", "the user's newer z\n"))
+    return target, before
+
+
 # Found by this file's first run (a strict xfail until fixed): engine/restoring.py _with_a_directory_to_go_in
 # (with plan_restore's keep): a recovered undo that had already removed the rollback's file d but not yet
 # remade directory d finds d absent; keep drops d's change (holds(None, the rollback's file) is False) and the
@@ -648,15 +664,7 @@ def test_an_undo_killed_between_removing_a_file_and_remaking_its_directory_puts_
     then stops at z.txt (the user rewrote it: a conflict) and undoes itself; the undo removes file d
     and dies right before making directory d again. The next taker finishes the undo: d/ and d/f.txt
     must be back (the directory's fate was the undo's own doing, not a change the user made)."""
-    write(plan.root / "d", "target: d is a file\n")
-    write(plan.root / "z.txt", "target z\n")
-    target = plan.checkpoint()
-    os.unlink(plan.root / "d")
-    write(plan.root / "d/f.txt", "the user's precious file\n")
-    write(plan.root / "z.txt", "changed z\n")
-    plan.checkpoint()
-    before = plan.state()
-    before_workspace_call(monkeypatch, "z.txt", lambda: write(plan.root / "z.txt", "the user's newer z\n"))
+    target, before = _d_a_file_in_the_target_a_directory_now(plan, monkeypatch)
     real = Workspace.make_dir
 
     def make_dir(self, path, *args, **kwargs):
@@ -700,15 +708,7 @@ def test_an_undo_remakes_a_directory_the_rollback_removed_with_its_files(plan: P
 def test_an_undo_turns_a_file_back_into_the_directory_it_was(plan: Plan, monkeypatch) -> None:
     """dir -> file by the rollback, interrupted at z.txt: the undo makes d a directory again with its
     file (the parent's kind flip is the rollback's own, so d/f.txt is not dropped)."""
-    write(plan.root / "d", "target: d is a file\n")
-    write(plan.root / "z.txt", "target z\n")
-    target = plan.checkpoint()
-    os.unlink(plan.root / "d")
-    write(plan.root / "d/f.txt", "precious f\n")
-    write(plan.root / "z.txt", "changed z\n")
-    plan.checkpoint()
-    before = plan.state()
-    before_workspace_call(monkeypatch, "z.txt", lambda: write(plan.root / "z.txt", "the user's newer z\n"))
+    target, before = _d_a_file_in_the_target_a_directory_now(plan, monkeypatch)
     with pytest.raises(FailedPrecondition):
         plan.rollback(target)
     monkeypatch.undo()

@@ -258,16 +258,7 @@ def _without_temporary_files(state: dict) -> dict:
     return {path: value for path, value in state.items() if not is_temp_name(path.rpartition("/")[2])}
 
 
-def _move_out(plan: Plan) -> None:
-    os.rename(plan.root / "d", plan.outside / "d")
-
-
-def _rename_and_link_out(plan: Plan) -> None:
-    os.rename(plan.root / "d", plan.outside / "d")
-    os.symlink(plan.outside / "d", plan.root / "d")
-
-
-MID_CHANGE = {"moved-out": _move_out, "moved-out-behind-a-symlink": _rename_and_link_out}
+MID_CHANGE = {name: DIRECTORY_MOVES[name] for name in ("moved-out", "moved-out-behind-a-symlink")}
 
 
 @pytest.mark.parametrize("move", sorted(MID_CHANGE))
