@@ -55,6 +55,8 @@ Check = Callable[[int, str], None]
 
 #: errno values of a resource the files a batch holds (``SyncBatch.release_later``) may be using up.
 _EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE)
+#: Linux's O_PATH (a descriptor that only references an inode); elsewhere nothing is held.
+_O_PATH = getattr(os, "O_PATH", None)
 #: errno values that say nothing of a path, only that the process ran short: passed on as they are.
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
@@ -426,12 +428,12 @@ class Workspace:
         rollback's path) instead of inside the rename or unlink (see ``SyncBatch.release_later``).
         None when not worth holding (see ``SyncBatch.may_hold``) or not openable."""
         if (self._pending is None or st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1
-                or not self._pending.may_hold(st.st_size)):
+                or _O_PATH is None or not self._pending.may_hold(st.st_size)):
             return None
         try:
             # O_PATH: a reference to the inode and nothing else (a FIFO swapped in meanwhile is
             # not opened, no lease is broken, no permission is needed).
-            return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd), st.st_size
+            return os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd), st.st_size
         except OSError:
             return None
 
