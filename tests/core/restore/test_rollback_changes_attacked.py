@@ -381,6 +381,17 @@ def _reopen(plan: Plan) -> Plan:
     return again
 
 
+def _recover(plan: Plan) -> None:
+    """A restarted server takes the plan over (its next checkpoint finishes what the kill left) and
+    leaves no journal entry behind."""
+    again = _reopen(plan)
+    try:
+        again.checkpoint()
+        assert again.engine.journal.get(plan.plan_id) is None
+    finally:
+        again.close()
+
+
 def _rollback_killed_in_a_child(plan: Plan, target, paths: tuple[str, ...], nth_write: int,
                                 user: tuple[str, object] | None = None) -> None:
     """Runs the rollback in a forked child that dies (os._exit, no finally runs) with the nth file's
@@ -422,12 +433,7 @@ def test_a_scoped_rollback_killed_in_the_write_window_leaves_the_read_only_direc
     the target and the workspace both have it."""
     target = _read_only_dir_workspace(plan)
     _rollback_killed_in_a_child(plan, target, ("ro/f.txt",), 1)
-    again = _reopen(plan)
-    try:
-        again.checkpoint()
-        assert again.engine.journal.get(plan.plan_id) is None
-    finally:
-        again.close()
+    _recover(plan)
     assert (plan.root / "ro/f.txt").read_text() == "target f\n"
     assert oct(stat.S_IMODE(os.lstat(plan.root / "ro").st_mode)) == oct(0o555)
 
@@ -437,12 +443,7 @@ def test_an_unscoped_rollback_killed_in_the_write_window_is_finished_with_the_mo
     target = _read_only_dir_workspace(plan)
     _rollback_killed_in_a_child(plan, target, (), 1)
     assert stat.S_IMODE(os.lstat(plan.root / "ro").st_mode) & stat.S_IWUSR, "the kill was not in the window"
-    again = _reopen(plan)
-    try:
-        again.checkpoint()
-        assert again.engine.journal.get(plan.plan_id) is None
-    finally:
-        again.close()
+    _recover(plan)
     assert plan.state() == plan.files_of(target)
 
 
@@ -465,12 +466,7 @@ def test_an_undo_killed_in_the_write_window_leaves_the_read_only_directory_read_
     _rollback_killed_in_a_child(plan, target, (), 3,
                                 user=("z.txt", lambda: write(plan.root / "z.txt", "the user's newer z\n")))
     assert stat.S_IMODE(os.lstat(plan.root / "ro").st_mode) & stat.S_IWUSR, "the kill was not in the window"
-    again = _reopen(plan)
-    try:
-        again.checkpoint()
-        assert again.engine.journal.get(plan.plan_id) is None
-    finally:
-        again.close()
+    _recover(plan)
     assert (plan.root / "ro/f.txt").read_bytes() == before["ro/f.txt"][1]
     assert oct(stat.S_IMODE(os.lstat(plan.root / "ro").st_mode)) == oct(0o555)
 
@@ -489,12 +485,7 @@ def test_a_rollback_killed_in_the_write_window_of_a_read_only_root_leaves_it_rea
     try:
         _rollback_killed_in_a_child(plan, target, (), 1)
         assert stat.S_IMODE(os.lstat(plan.root).st_mode) & stat.S_IWUSR, "the kill was not in the window"
-        again = _reopen(plan)
-        try:
-            again.checkpoint()
-            assert again.engine.journal.get(plan.plan_id) is None
-        finally:
-            again.close()
+        _recover(plan)
         assert (plan.root / "f.txt").read_text() == "target f\n"
         assert oct(stat.S_IMODE(os.lstat(plan.root).st_mode)) == oct(0o555)
     finally:
