@@ -423,10 +423,6 @@ def _rollback_killed_in_a_child(plan: Plan, target, paths: tuple[str, ...], nth_
     assert os.WEXITSTATUS(status) == 9, "the child did not die where it should"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "workspace.py Workspace._changing: a crash between the two fchmods leaves the directory u+w; its "
-    "docstring's 'a rollback's own mode step corrects' does not hold for a scoped rollback, whose "
-    "recovery (restorer.py Restorer._wanted) plans no change for the parent outside the scope"))
 def test_a_scoped_rollback_killed_in_the_write_window_leaves_the_read_only_directory_read_only(plan: Plan) -> None:
     """Rollback of ro/f.txt alone; the server dies with f.txt's content at its temporary name (ro/
     made 0755 by _changing). The restarted server finishes the rollback: ro/ must be 0555 again, as
@@ -447,10 +443,6 @@ def test_an_unscoped_rollback_killed_in_the_write_window_is_finished_with_the_mo
     assert plan.state() == plan.files_of(target)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "workspace.py Workspace._changing: a crash between the two fchmods leaves the directory u+w; an undo "
-    "resumed after it (engine/restoring.py plan_restore's keep) takes back only paths the rollback wrote, "
-    "so no mode step puts back the directory's 0555"))
 def test_an_undo_killed_in_the_write_window_leaves_the_read_only_directory_read_only(plan: Plan) -> None:
     """The rollback rewrites ro/f.txt (ro/ 0555, unchanged), then stops at z.txt (the user rewrote it);
     its undo writes ro/f.txt back and the server dies with that content at its temporary name. The
@@ -471,9 +463,6 @@ def test_an_undo_killed_in_the_write_window_leaves_the_read_only_directory_read_
     assert oct(stat.S_IMODE(os.lstat(plan.root / "ro").st_mode)) == oct(0o555)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "workspace.py Workspace._changing on the workspace root: a crash between the two fchmods leaves the "
-    "root u+w, and no capture records the root's own mode, so no recovery puts its 0555 back"))
 def test_a_rollback_killed_in_the_write_window_of_a_read_only_root_leaves_it_read_only(plan: Plan) -> None:
     write(plan.root / "f.txt", "target f\n")
     os.chmod(plan.root, 0o555)
@@ -490,6 +479,68 @@ def test_a_rollback_killed_in_the_write_window_of_a_read_only_root_leaves_it_rea
         assert oct(stat.S_IMODE(os.lstat(plan.root).st_mode)) == oct(0o555)
     finally:
         os.chmod(plan.root, 0o755)
+
+
+def test_a_mode_the_user_sets_after_the_kill_is_kept_by_the_recovery(plan: Plan) -> None:
+    """The kill leaves ro/ 0755 (the window); the user then makes it 0700 before any server takes
+    the plan over: the journaled window is no longer as the kill left it, so 0700 stays."""
+    target = _read_only_dir_workspace(plan)
+    _rollback_killed_in_a_child(plan, target, ("ro/f.txt",), 1)
+    os.chmod(plan.root / "ro", 0o700)
+    _recover(plan)
+    assert (plan.root / "ro/f.txt").read_text() == "target f\n"
+    assert oct(stat.S_IMODE(os.lstat(plan.root / "ro").st_mode)) == oct(0o700)
+
+
+def test_a_window_the_journal_cannot_record_is_never_opened(plan: Plan, monkeypatch) -> None:
+    """The database refuses the journal entry that records ro/'s window: the change into ro/ is not
+    made (ro/ is never made writable) and the rollback says why. Its undo needs the same window (to
+    look for temporary files in ro/), so it waits for the plan's next use, which finishes it."""
+    from sqlalchemy.exc import OperationalError
+
+    target = _read_only_dir_workspace(plan)
+    before = plan.state()
+    journal = type(plan.engine.journal)
+    real_put = journal.put
+
+    def put(self, entry, *args, **kwargs):
+        if entry.opened:
+            raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+        return real_put(self, entry, *args, **kwargs)
+
+    monkeypatch.setattr(journal, "put", put)
+    with pytest.raises(FailedPrecondition) as refused:
+        plan.rollback(target)
+    monkeypatch.undo()
+    assert refused.value.reason is Reason.ROLLBACK_CONFLICT
+    assert "made writable" in refused.value.message and refused.value.metadata["path"] == "ro/f.txt"
+    assert plan.state() == before
+    plan.checkpoint()
+    assert plan.engine.journal.get(plan.plan_id) is None
+    assert plan.state() == before
+
+
+def test_a_rollback_without_read_only_directories_journals_nothing_more(plan: Plan, monkeypatch) -> None:
+    """Recording windows costs a commit only where a directory is read-only: a rollback of writable
+    directories puts its journal entry once (with its safety checkpoint) and removes it."""
+    write(plan.root / "a/f.txt", "target f\n")
+    write(plan.root / "g.txt", "target g\n")
+    target = plan.checkpoint()
+    write(plan.root / "a/f.txt", "changed f\n")
+    write(plan.root / "g.txt", "changed g\n")
+    plan.checkpoint()
+    journal = type(plan.engine.journal)
+    puts = []
+    real_put = journal.put
+
+    def put(self, entry, *args, **kwargs):
+        puts.append(entry)
+        return real_put(self, entry, *args, **kwargs)
+
+    monkeypatch.setattr(journal, "put", put)
+    plan.rollback(target)
+    assert len(puts) == 1 and puts[0].opened == ()
+    assert plan.state() == plan.files_of(target)
 
 
 # -- 4. held files -----------------------------------------------------------------------------------

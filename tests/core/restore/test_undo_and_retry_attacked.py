@@ -83,19 +83,8 @@ FLIPS = {"file->symlink": _flip_file_to_symlink, "file->dir": _flip_file_to_dir,
          "symlink->file": _flip_symlink_to_file}
 
 
-_UNDO_DIR_TO_FILE_GAP = (
-    "engine/restoring.py plan_restore's keep: an undo turning the rollback's directory back into the user's "
-    "file must remove the directory first (restorer.py _removes_base: a directory on either side of a kind "
-    "change); killed between that removal and the write, it finds p absent, holds(None, the directory the "
-    "rollback wrote) is False and a FILE is not remade where nothing stands (a user's deletion wins), so the "
-    "recovered undo ends with the user's file missing (it is in the safety checkpoint). Fixing it needs the "
-    "undo's removals journaled. (A file and a symlink now replace each other in one rename: no such gap.)")
-
-
 @pytest.mark.parametrize("at", ["undo-write-call", "restore.change"])
-@pytest.mark.parametrize("flip", [
-    "file->symlink", "symlink->file",
-    pytest.param("file->dir", marks=pytest.mark.xfail(strict=True, reason=_UNDO_DIR_TO_FILE_GAP))])
+@pytest.mark.parametrize("flip", list(FLIPS))
 def test_an_undo_killed_between_its_removal_and_its_write_puts_the_users_entry_back(
         plan: Plan, monkeypatch, flip: str, at: str) -> None:
     """The rollback flips p to the target's kind, then stops at z.txt (the user rewrote it) and undoes
@@ -201,11 +190,6 @@ def test_a_directory_the_user_made_a_file_after_the_rollback_emptied_it_is_kept_
     assert (plan.root / "d").read_bytes() == b"the user's new file d\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/restoring.py plan_restore's keep: an undo killed after it made a read-only directory again "
-    "(make_dir leaves it mode|0700 until the final set_dir_mode step) finds d a directory of another mode; "
-    "holds(DIR 0755, None the rollback wrote) is False, so the recovered undo drops d's mode step and d "
-    "stays 0755 instead of the user's 0555"))
 def test_an_undo_killed_before_its_mode_step_puts_a_read_only_directory_back_read_only(
         plan: Plan, monkeypatch) -> None:
     """The rollback removes d/ (0555, holding f.txt; the target lacks it), stops at z.txt and undoes
@@ -245,7 +229,8 @@ def test_an_undo_killed_before_its_mode_step_puts_a_read_only_directory_back_rea
     "workspace.py Workspace._take_back_write_bit compares the mode alone: a user's `chmod u+w` during the "
     "owner-write window gives exactly the mode the server set (0555|0200), and the directory's ctime moves "
     "with the change made inside it anyway, so nothing tells the two apart and 0555 is put back (an ABA "
-    "case: the mode the user asked for was already there; a fix would journal the mode to restore)"))
+    "case: the mode the user asked for was already there; the journal's record of the window, ``opened``, "
+    "cannot tell them apart either)"))
 def test_a_users_chmod_u_plus_w_of_a_read_only_directory_during_the_write_is_kept(plan: Plan, monkeypatch) -> None:
     """ro/ is 0555 and the rollback rewrites ro/f.txt (no mode step planned for ro/). While f.txt's
     content is at its temporary name, the user runs `chmod u+w ro` (0755): it must stay 0755."""

@@ -17,7 +17,13 @@ from sqlmodel import Session
 from checkpointd.core.engine.idempotency import forget_rollback
 from checkpointd.core.engine.parts import EngineParts
 from checkpointd.core.engine.records import OPERATIONS, NewCheckpoint, new_row
-from checkpointd.core.engine.restoring import plan_restore, safety_state, seen_by_capture
+from checkpointd.core.engine.restoring import (
+    OpenedWindows,
+    interim_paths,
+    plan_restore,
+    safety_state,
+    seen_by_capture,
+)
 from checkpointd.core.kernel.errors import CheckpointdError, Reason, RollbackUnfinished
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
@@ -91,7 +97,12 @@ class Recovery:
         entry whose plan moved on is dropped unapplied. Called with the plan's lock and the store's
         ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
         parts = self.parts
-        workspace = Workspace(entry.workspace_root, entry.temp_tag)
+        windows = OpenedWindows(parts.journal, entry)
+        workspace = windows.workspace()
+        for path, mode in reversed(entry.opened):  # before the capture: it is not the user's mode
+            if workspace.close_window(path, mode):
+                log.warning("set directory %r of plan %s back to mode %o (a kill had left it writable)",
+                            path, entry.plan_id, mode)
         for directory in entry.directories:
             workspace.remove_temp_files(directory, entry.temp_tag)
         with parts.db.session() as session:
@@ -109,11 +120,15 @@ class Recovery:
                 return
             with parts.store.batch() as batch:
                 capture, patterns, excluded = parts.capture(plan, batch)
-                changes = plan_restore(parts, plan.workspace_root, capture, goal, entry.paths, batch, entry.written)
+                changes = plan_restore(parts, plan.workspace_root, capture, goal, entry.paths, batch, entry.written,
+                                       entry.interim)
                 record = bool(changes) and capture.tree != entry.safety_tree
                 state_digest, state_size = (safety_state(session, entry.plan_id, b"", batch) if record
                                             else (None, 0))
             seen = seen_by_capture(parts, plan.workspace_root, capture, changes)
+            interim = entry.interim
+            if entry.goal is Goal.UNDO:  # journaled before the undo's steps can leave them half-way
+                interim = tuple(sorted(interim_paths(changes).union(entry.interim)))
             if record:
                 verb = "finishing" if entry.goal is Goal.COMPLETE else "undoing"
                 safety = new_row(plan, capture, patterns, excluded, state_digest, state_size,
@@ -124,9 +139,14 @@ class Recovery:
                                  labels={"rollback_target": goal.checkpoint_id},
                                  rollback_target_checkpoint_id=goal.checkpoint_id)
                 parts.write_checkpoints(CoreRows(session.connection()), [NewCheckpoint(safety)])
-                parts.journal.put(replace(entry, last_sequence=safety.sequence, safety_tree=capture.tree), session)
+                windows.entry = replace(windows.entry, last_sequence=safety.sequence, safety_tree=capture.tree,
+                                        interim=interim)
+                parts.journal.put(windows.entry, session)
                 session.commit()
                 parts.capturer.record(plan.workspace_root, capture.tree)
+            elif interim != entry.interim:
+                windows.entry = replace(windows.entry, interim=interim)
+                parts.journal.put(windows.entry)
             if changes:
                 parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE,
                                      keep_going=partial(parts.registry.check_held, entry.plan_id))

@@ -5,7 +5,9 @@ safety checkpoint records."""
 from __future__ import annotations
 
 import errno
+from dataclasses import replace
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, IgnoreRules
@@ -14,7 +16,8 @@ from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.parts import EngineParts
 from checkpointd.core.kernel.errors import FailedPrecondition, Reason
 from checkpointd.core.metadata.models import CheckpointRow
-from checkpointd.core.restore.restorer import holds
+from checkpointd.core.restore.journal import JournalEntry, RollbackJournal
+from checkpointd.core.restore.restorer import holds, removes_base
 from checkpointd.core.store.content_store import Batch
 from checkpointd.core.store.tree import Change, Entry, EntryKind
 from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Workspace
@@ -22,23 +25,33 @@ from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Works
 
 def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: CheckpointRow,
                  subset: tuple[str, ...], batch: Batch,
-                 written: tuple[tuple[str, Entry | None], ...] | None = None) -> list[Change]:
+                 written: tuple[tuple[str, Entry | None], ...] | None = None,
+                 interim: tuple[str, ...] = ()) -> list[Change]:
     """The changes that bring ``subset`` of the workspace to ``goal`` (with ``written``: only
-    at paths that still hold what a rollback wrote there); first adds to ``capture`` whatever
-    they would replace that the capture left out (ignored or skipped now)."""
+    at paths that still hold what a rollback wrote there, or what an earlier attempt at the undo
+    left half-way at its ``interim`` paths); first adds to ``capture`` whatever they would
+    replace that the capture left out (ignored or skipped now)."""
     workspace = Workspace(root)
     keep = None
     if written is not None:
         wrote = dict(written)
+        halfway = frozenset(interim)
 
         def keep(change: Change) -> bool:
             # A directory is made again where nothing stands now (that overwrites nothing): an undo
             # killed between removing the file the rollback put where a directory was and making
             # the directory again leaves the path empty, and the directory's files go back into it.
-            # A file where nothing stands is not: someone deleted what the rollback wrote there, and
-            # that deletion, made after the rollback began, wins (the safety checkpoint has it).
-            return change.path in wrote and (holds(change.base, wrote[change.path]) or (
-                change.base is None and change.target is not None and change.target.kind is EntryKind.DIR))
+            # A file where nothing stands is not, unless the undo journaled it may have emptied the
+            # path itself: else someone deleted what the rollback wrote there, and that deletion,
+            # made after the rollback began, wins (the safety checkpoint has it). A directory the
+            # undo made and left before its mode step is still its own.
+            path, base, target = change.path, change.base, change.target
+            if path not in wrote:
+                return False
+            if holds(base, wrote[path]) or (base is None and target.kind is EntryKind.DIR):
+                return True
+            return path in halfway and (base is None or (
+                base.kind is EntryKind.DIR and target is not None and target.kind is EntryKind.DIR))
 
     try:
         uncaptured = parts.restorer.find_uncaptured(workspace, capture.tree, goal.tree_digest, subset)
@@ -60,6 +73,40 @@ def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: Ch
         raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
                                  f"the workspace changed while the rollback was being planned ({exc}); "
                                  "nothing was changed", path=str(exc)[:512]) from exc
+
+
+def interim_paths(changes: list[Change]) -> frozenset[str]:
+    """Where an undo applying ``changes`` passes through a state that is neither what the
+    rollback wrote nor what the undo puts back (see ``JournalEntry.interim``)."""
+    return frozenset(c.path for c in changes if c.target is not None and (
+        removes_base(c) or (c.target.kind is EntryKind.DIR and (c.base is None or c.base.kind is not EntryKind.DIR))))
+
+
+class OpenedWindows:
+    """Journals each read-only directory a rollback's change is about to make owner-writable for
+    a moment (``Workspace.window_opening``), durably and before the change, so whoever finishes
+    an entry a kill left in that moment sets the mode back. Such directories are rare (the user
+    made them read-only): one commit each, nothing otherwise. ``entry`` is the entry as it is
+    journaled now."""
+
+    def __init__(self, journal: RollbackJournal, entry: JournalEntry) -> None:
+        self.journal = journal
+        self.entry = entry
+
+    def workspace(self) -> Workspace:
+        return Workspace(self.entry.workspace_root, self.entry.temp_tag, self)
+
+    def __call__(self, path: str, mode: int) -> None:
+        if (path, mode) in self.entry.opened:
+            return
+        entry = replace(self.entry, opened=(*self.entry.opened, (path, mode)))
+        try:
+            self.journal.put(entry)
+        except SQLAlchemyError as exc:
+            raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
+                                     f"could not journal that read-only directory {path!r} is made writable for "
+                                     f"a moment ({type(exc).__name__}); it was left as it was", path=path) from exc
+        self.entry = entry
 
 
 def _with_a_directory_to_go_in(parts: EngineParts, tree: str, changes: list[Change]) -> list[Change]:

@@ -19,7 +19,7 @@ from checkpointd.core.engine.parts import EngineParts, path_subset
 from checkpointd.core.engine.records import NewCheckpoint, new_row
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint, RollbackRequest, RollbackResult, Scope
-from checkpointd.core.engine.restoring import errno_name, plan_restore, safety_state, seen_by_capture
+from checkpointd.core.engine.restoring import OpenedWindows, errno_name, plan_restore, safety_state, seen_by_capture
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import (
     CheckpointdError,
@@ -35,7 +35,6 @@ from checkpointd.core.metadata.rows import CoreRows
 from checkpointd.core.restore.journal import Goal, JournalEntry, new_temp_tag
 from checkpointd.core.restore.restorer import ApplyInterrupted
 from checkpointd.core.store.tree import Change, Entry, EntryKind
-from checkpointd.core.workspace.workspace import Workspace
 
 log = logging.getLogger("checkpointd.engine")
 
@@ -145,12 +144,13 @@ class Rollbacks:
     def _apply_journaled(self, entry: JournalEntry, changes: list[Change], seen: dict[str, Indexed]) -> None:
         """Applies ``changes`` (their journal entry is committed); on failure undoes them and raises."""
         watcher = self.parts.watcher
+        windows = OpenedWindows(self.parts.journal, entry)
         try:
             with watcher.quieted() if watcher is not None else contextlib.nullcontext():
-                self.parts.restorer.apply(Workspace(entry.workspace_root, entry.temp_tag), changes, seen,
+                self.parts.restorer.apply(windows.workspace(), changes, seen,
                                           keep_going=partial(self.parts.registry.check_held, entry.plan_id))
         except ApplyInterrupted as interrupted:
-            raise self._undo_interrupted(entry, interrupted) from interrupted
+            raise self._undo_interrupted(windows.entry, interrupted) from interrupted
         crash_point(Point.ROLLBACK_APPLIED)
         self.parts.journal.remove(entry.plan_id)
 

@@ -90,6 +90,15 @@ class JournalEntry:
     #: For an undo: each path the rollback changed and what it wrote there (None: removed). Only
     #: paths still holding that are taken back. None: unknown, every covered path is.
     written: tuple[tuple[str, Entry | None], ...] | None = None
+    #: Directories a change made owner-writable for a moment (``Workspace._changing``), each with
+    #: the mode to put back, recorded before: whoever finishes the entry first sets back those a
+    #: kill left open (``Workspace.close_window``).
+    opened: tuple[tuple[str, int], ...] = ()
+    #: For an undo: paths its own steps may leave between what the rollback wrote and what the
+    #: undo puts back: nothing (a directory removed before a file or link goes back in its place)
+    #: or a directory it made still waiting for its mode. Found so, they are still the undo's to
+    #: finish (no one else's deletion or directory).
+    interim: tuple[str, ...] = ()
 
     @property
     def goal_checkpoint_id(self) -> str:
@@ -100,6 +109,9 @@ class JournalEntry:
         body["version"] = FORMAT_VERSION
         body["written"] = None if self.written is None else [[path, _entry_json(entry)]
                                                              for path, entry in self.written]
+        for optional in ("opened", "interim"):  # left out when empty: a server before them reads the rest
+            if not body[optional]:
+                del body[optional]
         return body
 
     @classmethod
@@ -129,6 +141,8 @@ class JournalEntry:
         body["paths"] = tuple(body["paths"])
         body["directories"] = tuple(body["directories"])
         body["goal"] = Goal(body["goal"])
+        body["opened"] = tuple((str(path), int(mode)) for path, mode in body.get("opened", ()))
+        body["interim"] = tuple(str(path) for path in body.get("interim", ()))
         return cls(**body)
 
 

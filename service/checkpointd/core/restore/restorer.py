@@ -118,7 +118,7 @@ class ApplyInterrupted(Exception):
         return isinstance(self.cause, Changed)
 
 
-def _removes_base(change: Change) -> bool:
+def removes_base(change: Change) -> bool:
     """Whether what stands at the path must go first: it goes, or a directory is on either side of
     a kind change. A file and a symlink replace each other in one rename, with no moment where
     the path is empty (an undo killed at such a moment could not tell its own removal from a
@@ -261,7 +261,7 @@ class Restorer:
                    if self._wanted(c, subset) and (keep is None or keep(c))]
         removed: set[str] = set()
         kept: set[str] = set()
-        for change in sorted(filter(_removes_base, changes), key=_depth, reverse=True):
+        for change in sorted(filter(removes_base, changes), key=_depth, reverse=True):
             path, base, target = change.path, change.base, change.target
             emptied = base.kind is not EntryKind.DIR or all(
                 f"{path}/{name}" in removed for name in workspace.listdir(path))
@@ -340,7 +340,7 @@ class Restorer:
         return written
 
     def _steps(self, changes: list[Change]) -> Iterator[tuple[Callable, Change]]:
-        for change in sorted(filter(_removes_base, changes), key=_depth, reverse=True):
+        for change in sorted(filter(removes_base, changes), key=_depth, reverse=True):
             yield self._remove, change
         writes = [c for c in changes if c.target is not None]
         dirs = [c for c in writes if c.target.kind is EntryKind.DIR]

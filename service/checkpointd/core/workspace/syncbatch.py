@@ -88,6 +88,17 @@ def _executor() -> Executor:
         return _pool
 
 
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the pool's threads: work handed to it would wait forever (a
+    process embedding the core that forks, or a test's child that dies mid-rollback)."""
+    global _pool, _pool_guard
+    _pool, _pool_guard = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows (no fork there)
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 class SyncFailed(OSError):
     """A file or directory of the batch could not be made durable (``path``: which)."""
 

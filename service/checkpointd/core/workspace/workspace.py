@@ -148,11 +148,16 @@ def _walk(fd: int, path: str) -> int:
 
 
 class Workspace:
-    def __init__(self, root: str, temp_tag: str = "") -> None:
+    def __init__(self, root: str, temp_tag: str = "",
+                 window_opening: Callable[[str, int], None] | None = None) -> None:
         #: An absolute path without symlinks (as stored for a plan: resolved when it was set).
         self.root = root
         #: Names this workspace's temporary files, so that they can be found after a crash.
         self.temp_tag = temp_tag
+        #: Told (path, mode) right before ``_changing`` makes a read-only directory owner-writable
+        #: for a moment, so that a journal can record the mode to put back after a kill there.
+        #: What it raises stops the change before anything is done.
+        self.window_opening = window_opening
         #: Within ``batched_sync``: where writes defer their fsyncs to.
         self._pending: SyncBatch | None = None
 
@@ -243,10 +248,9 @@ class Workspace:
         write bit (a read-only directory the user made, or a rollback restored and its undo must
         take back) gets the bit for the change when the server owns it, so a server that is not
         root does what root does (root ignores the bit) instead of failing there for good; its
-        mode is set back right after, unless someone changed it meanwhile. A kill in between
-        leaves the directory owner-writable: the next capture records that, and an unscoped
-        rollback's recovery puts the mode back, but a scoped one's, an undo's and the root's do not
-        (known gaps, tests/core/restore/test_rollback_changes_attacked.py)."""
+        mode is set back right after, unless someone changed it meanwhile. ``window_opening`` is
+        told first: a rollback journals the mode, and whoever finishes a rollback killed in
+        between sets it back (``close_window``)."""
         with self.dir_fd(path) as fd:
             st = os.fstat(fd)
             mode = stat.S_IMODE(st.st_mode)
@@ -257,6 +261,8 @@ class Workspace:
                 yield fd
                 return
             writable = mode | stat.S_IWUSR
+            if self.window_opening is not None:
+                self.window_opening(path, mode)
             os.fchmod(fd, writable)
             try:
                 yield fd
@@ -274,6 +280,20 @@ class Workspace:
                 os.fchmod(fd, mode)
         except OSError as exc:
             log.warning("could not set the mode of %r back to %o: %s", path, mode, exc.strerror)
+
+    def close_window(self, path: str, mode: int) -> bool:
+        """Sets directory ``path`` back to ``mode`` if it is exactly as ``_changing`` left it open
+        (``mode`` plus the owner's write bit): a process killed in that window left it so. Another
+        mode means someone changed it since, which stays. Whether it set the mode back."""
+        try:
+            with self.dir_fd(path) as fd:
+                st = os.fstat(fd)
+                if stat.S_IMODE(st.st_mode) != mode | stat.S_IWUSR or mode & stat.S_IWUSR:
+                    return False
+                os.fchmod(fd, mode)
+                return True
+        except (FileNotFoundError, NotADirectoryError, UnsafePath):
+            return False
 
     @contextlib.contextmanager
     def directories(self) -> Iterator[Directories]:
