@@ -109,6 +109,10 @@ class ServerSettings:
     #: Threads that run the calls not served on the event loop.
     max_workers: int = 32
     grace_seconds: float = 30.0
+    #: How long a drain goes on answering new calls UNAVAILABLE once nothing is in flight, before
+    #: gRPC's own stop (within the grace period): calls already on their way when it began get
+    #: that retryable answer, where the stop would have cancelled them (CANCELLED is not retried).
+    linger_seconds: float = 0.25
     extra_interceptors: tuple[grpc.aio.ServerInterceptor, ...] = field(default=())
     #: Permission bits of unix sockets (created owner-only, then set to this).
     socket_mode: int = 0o660
@@ -443,6 +447,9 @@ class CheckpointdServer:
                 self._loop.call_soon_threadsafe(self.drain.cut_off)
                 self.drain.wait_idle(CUT_OFF_ANSWER_SECONDS)
                 deadline = time.monotonic() + CUT_OFF_ANSWER_SECONDS
+            linger = min(self.settings.linger_seconds, max(0.0, deadline - time.monotonic()))
+            if linger > 0 and not self.drain.was_cut_off:
+                time.sleep(linger)  # the drain refuses what arrives meanwhile (see linger_seconds)
             # A call's handler has returned, but its response may still be on its way (a large one, a
             # slow client): stopping with a grace lets gRPC finish sending what is in flight; whatever
             # still runs when the grace period ends (an open health Watch stream) is cancelled.
