@@ -99,10 +99,6 @@ class Recovery:
         parts = self.parts
         windows = OpenedWindows(parts.journal, entry)
         workspace = windows.workspace()
-        for path, mode in reversed(entry.opened):  # before the capture: it is not the user's mode
-            if workspace.close_window(path, mode):
-                log.warning("set directory %r of plan %s back to mode %o (a kill had left it writable)",
-                            path, entry.plan_id, mode)
         for directory in entry.directories:
             workspace.remove_temp_files(directory, entry.temp_tag)
         with parts.db.session() as session:
@@ -118,6 +114,10 @@ class Recovery:
             if goal is None or not goal.tree_digest:
                 self.drop(entry, f"checkpoint {entry.goal_checkpoint_id} is gone")
                 return
+            for path, mode in reversed(entry.opened):  # before the capture: it is not the user's mode
+                if workspace.close_window(path, mode):
+                    log.warning("set directory %r of plan %s back to mode %o (a kill had left it writable)",
+                                path, entry.plan_id, mode)
             with parts.store.batch() as batch:
                 capture, patterns, excluded = parts.capture(plan, batch)
                 changes = plan_restore(parts, plan.workspace_root, capture, goal, entry.paths, batch, entry.written,
