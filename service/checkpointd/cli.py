@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the gRPC server",
         description="Run the gRPC server (CheckpointService, ConfigService, AdminService, health, reflection). "
-                    "Stops gracefully on SIGTERM/SIGINT. Every option can also come from its CHECKPOINTD_* "
+                    "Stops gracefully on SIGTERM/SIGINT/SIGHUP. Every option can also come from its CHECKPOINTD_* "
                     "environment variable; the flag wins.",
     )
     serve.add_argument(
@@ -121,11 +121,11 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, LogFormat(args.log_format))
     settings = server_settings(args)
     server = CheckpointdServer(settings)
-    # From here on, SIGTERM/SIGINT are only noted until the server has started (a KeyboardInterrupt
+    # From here on, the drain signals are only noted until the server has started (a KeyboardInterrupt
     # raised inside the heap freeze's collection would be swallowed there as "Exception ignored"),
     # then they drain it like any later one.
     pending: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in _drain_signals():
         signal.signal(signum, lambda received, _frame: pending.append(received))
     # What the server has built lives as long as the process: out of the collector's sight.
     heap.freeze_startup_heap()
@@ -143,16 +143,22 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def install_signal_handlers(server):
-    """SIGTERM/SIGINT start a graceful drain on another thread (see CheckpointdServer.stop);
-    returns the handler."""
+    """SIGTERM, SIGINT and SIGHUP (the terminal it was started from closed) start a graceful drain
+    on another thread (see CheckpointdServer.stop), where SIGHUP's default would end the process
+    with its calls in flight; returns the handler."""
 
     def shutdown(signum, _frame) -> None:
         logging.getLogger("checkpointd").info("received %s, draining", signal.Signals(signum).name)
         threading.Thread(target=server.stop, name="drain").start()
 
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
+    for signum in _drain_signals():
+        signal.signal(signum, shutdown)
     return shutdown
+
+
+def _drain_signals() -> tuple[signal.Signals, ...]:
+    hangup = getattr(signal, "SIGHUP", None)  # none on Windows
+    return (signal.SIGTERM, signal.SIGINT) + ((hangup,) if hangup is not None else ())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -462,14 +462,14 @@ def test_ctrl_c_while_the_command_is_loading_is_not_a_traceback(base):
         assert "Traceback" not in stderr and code in (130, -signal.SIGINT), (command, delay, code, stderr)
 
 
-def test_sighup_then_a_restart_on_the_same_socket_works(fresh_server):
+def test_sighup_drains_like_sigterm_then_a_restart_on_the_same_socket_works(fresh_server):
+    """A closed terminal's SIGHUP stops the server gracefully (exit 0, its socket removed), not
+    with the signal's default abrupt end."""
     fresh_server.process.send_signal(signal.SIGHUP)
-    try:
-        fresh_server.process.wait(timeout=10)
-        fresh_server.process = None
-        fresh_server.start()
-    except subprocess.TimeoutExpired:
-        pass  # a server that ignores SIGHUP keeps serving
+    assert fresh_server.process.wait(timeout=30) == 0
+    assert not os.path.lexists(fresh_server.socket_path), "the drain did not remove its socket"
+    fresh_server.process = None
+    fresh_server.start()
     assert fresh_server.serving()
     wait_until(lambda: stat.S_ISSOCK(os.lstat(fresh_server.socket_path).st_mode), "the socket")
 
