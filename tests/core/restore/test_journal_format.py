@@ -8,6 +8,7 @@ import json
 
 from checkpointd.core.restore.journal import Goal, JournalEntry
 from checkpointd.core.store.tree import Entry, EntryKind
+from checkpointd.core.workspace.windows import Window
 
 
 def _entry(**fields) -> JournalEntry:
@@ -23,5 +24,13 @@ def test_an_entry_without_windows_or_interim_paths_is_recorded_as_before_them() 
 
 def test_windows_and_interim_paths_survive_the_database() -> None:
     undo = _entry(goal=Goal.UNDO, written=(("a", Entry(EntryKind.DIR, 0o755, 0, "", "")), ("b", None)),
-                  opened=(("", 0o555), ("a", 0o500)), interim=("a",))
+                  opened=(Window("", 0o555, 2049, 2), Window("a", 0o500, 2049, 77)), interim=("a",))
     assert JournalEntry.from_record(json.loads(json.dumps(undo.to_record()))) == undo
+
+
+def test_a_field_a_newer_server_added_is_ignored_and_the_rest_is_read() -> None:
+    """A replica not yet upgraded takes over an entry a newer one wrote: it finishes the entry as
+    far as it understands it rather than drop it as unreadable."""
+    record = json.loads(json.dumps(_entry(interim=("a",)).to_record()))
+    record["something_newer"] = [1, 2, 3]
+    assert JournalEntry.from_record(record) == _entry(interim=("a",))

@@ -114,10 +114,11 @@ class Recovery:
             if goal is None or not goal.tree_digest:
                 self.drop(entry, f"checkpoint {entry.goal_checkpoint_id} is gone")
                 return
-            for path, mode in reversed(entry.opened):  # before the capture: it is not the user's mode
-                if workspace.close_window(path, mode):
+            for window in reversed(entry.opened):  # before the capture: it is not the user's mode
+                if workspace.close_window(window):
                     log.warning("set directory %r of plan %s back to mode %o (a kill had left it writable)",
-                                path, entry.plan_id, mode)
+                                window.path, entry.plan_id, window.mode)
+                windows.closed(window)
             with parts.store.batch() as batch:
                 capture, patterns, excluded = parts.capture(plan, batch)
                 changes = plan_restore(parts, plan.workspace_root, capture, goal, entry.paths, batch, entry.written,

@@ -5,6 +5,7 @@ safety checkpoint records."""
 from __future__ import annotations
 
 import errno
+import logging
 from dataclasses import replace
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -20,7 +21,10 @@ from checkpointd.core.restore.journal import JournalEntry, RollbackJournal
 from checkpointd.core.restore.restorer import holds, removes_base
 from checkpointd.core.store.content_store import Batch
 from checkpointd.core.store.tree import Change, Entry, EntryKind
+from checkpointd.core.workspace.windows import Window
 from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Workspace
+
+log = logging.getLogger("checkpointd.engine")
 
 
 def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: CheckpointRow,
@@ -44,14 +48,15 @@ def plan_restore(parts: EngineParts, root: str, capture: CaptureResult, goal: Ch
             # A file where nothing stands is not, unless the undo journaled it may have emptied the
             # path itself: else someone deleted what the rollback wrote there, and that deletion,
             # made after the rollback began, wins (the safety checkpoint has it). A directory the
-            # undo made and left before its mode step is still its own.
+            # undo made and left before its mode step (owner-rwx until then) is still its own.
             path, base, target = change.path, change.base, change.target
             if path not in wrote:
                 return False
             if holds(base, wrote[path]) or (base is None and target.kind is EntryKind.DIR):
                 return True
-            return path in halfway and (base is None or (
-                base.kind is EntryKind.DIR and target is not None and target.kind is EntryKind.DIR))
+            return path in halfway and (base is None or (  # as Workspace.make_dir leaves it
+                base.kind is EntryKind.DIR and target is not None and target.kind is EntryKind.DIR
+                and base.mode == target.mode | 0o700))
 
     try:
         uncaptured = parts.restorer.find_uncaptured(workspace, capture.tree, goal.tree_digest, subset)
@@ -83,11 +88,11 @@ def interim_paths(changes: list[Change]) -> frozenset[str]:
 
 
 class OpenedWindows:
-    """Journals each read-only directory a rollback's change is about to make owner-writable for
-    a moment (``Workspace.window_opening``), durably and before the change, so whoever finishes
-    an entry a kill left in that moment sets the mode back. Such directories are rare (the user
-    made them read-only): one commit each, nothing otherwise. ``entry`` is the entry as it is
-    journaled now."""
+    """The journal of a rollback's owner-write windows (``core/workspace/windows.py``): a window
+    is recorded durably before it opens and dropped (without waiting for the disk) when it
+    closes, so whoever finishes an entry a kill left with a window open sets the mode back, and
+    only then. Such directories are rare (the user made them read-only): two commits for each
+    per rollback, nothing otherwise. ``entry`` is the entry as it is journaled now."""
 
     def __init__(self, journal: RollbackJournal, entry: JournalEntry) -> None:
         self.journal = journal
@@ -96,17 +101,27 @@ class OpenedWindows:
     def workspace(self) -> Workspace:
         return Workspace(self.entry.workspace_root, self.entry.temp_tag, self)
 
-    def __call__(self, path: str, mode: int) -> None:
-        if (path, mode) in self.entry.opened:
+    def opening(self, window: Window) -> None:
+        if window in self.entry.opened:
             return
-        entry = replace(self.entry, opened=(*self.entry.opened, (path, mode)))
+        entry = replace(self.entry, opened=(*self.entry.opened, window))
         try:
             self.journal.put(entry)
         except SQLAlchemyError as exc:
             raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
-                                     f"could not journal that read-only directory {path!r} is made writable for "
-                                     f"a moment ({type(exc).__name__}); it was left as it was", path=path) from exc
+                                     f"could not journal that read-only directory {window.path!r} is made writable "
+                                     f"for a moment ({type(exc).__name__}); it was left as it was",
+                                     path=window.path) from exc
         self.entry = entry
+
+    def closed(self, window: Window) -> None:
+        if window not in self.entry.opened:
+            return
+        self.entry = replace(self.entry, opened=tuple(w for w in self.entry.opened if w != window))
+        try:
+            self.journal.put_unsynced(self.entry)
+        except SQLAlchemyError as exc:  # the entry still names it: a recovery checks it, and finds it closed
+            log.warning("could not journal that the window on %r is closed: %s", window.path, exc)
 
 
 def _with_a_directory_to_go_in(parts: EngineParts, tree: str, changes: list[Change]) -> list[Change]:

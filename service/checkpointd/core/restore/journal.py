@@ -35,15 +35,16 @@ import json
 import logging
 import threading
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlmodel import Session
 
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import RollbackJournalRow, utcnow
 from checkpointd.core.store.tree import Entry, EntryKind
+from checkpointd.core.workspace.windows import Window
 
 log = logging.getLogger("checkpointd.journal")
 
@@ -90,10 +91,10 @@ class JournalEntry:
     #: For an undo: each path the rollback changed and what it wrote there (None: removed). Only
     #: paths still holding that are taken back. None: unknown, every covered path is.
     written: tuple[tuple[str, Entry | None], ...] | None = None
-    #: Directories a change made owner-writable for a moment (``Workspace._changing``), each with
-    #: the mode to put back, recorded before: whoever finishes the entry first sets back those a
-    #: kill left open (``Workspace.close_window``).
-    opened: tuple[tuple[str, int], ...] = ()
+    #: Owner-write windows open on read-only directories (``core/workspace/windows.py``), recorded
+    #: before they open and dropped when they close: whoever finishes the entry first sets back
+    #: those a kill left open (``Workspace.close_window``).
+    opened: tuple[Window, ...] = ()
     #: For an undo: paths its own steps may leave between what the rollback wrote and what the
     #: undo puts back: nothing (a directory removed before a file or link goes back in its place)
     #: or a directory it made still waiting for its mode. Found so, they are still the undo's to
@@ -141,9 +142,14 @@ class JournalEntry:
         body["paths"] = tuple(body["paths"])
         body["directories"] = tuple(body["directories"])
         body["goal"] = Goal(body["goal"])
-        body["opened"] = tuple((str(path), int(mode)) for path, mode in body.get("opened", ()))
+        body["opened"] = tuple(Window(str(path), int(mode), int(dev), int(ino))
+                               for path, mode, dev, ino in body.get("opened", ()))
         body["interim"] = tuple(str(path) for path in body.get("interim", ()))
-        return cls(**body)
+        unknown = body.keys() - {f.name for f in fields(cls)}
+        if unknown:  # a newer server's additions: what they would add is not known here, the rest is
+            log.warning("ignoring fields %s of a rollback journal entry (written by a newer server)",
+                        ", ".join(sorted(unknown)))
+        return cls(**{name: value for name, value in body.items() if name not in unknown})
 
 
 def _entry_json(entry: Entry | None) -> list[object] | None:
@@ -213,6 +219,12 @@ class RollbackJournal:
         connection = session.connection()
         connection.execute(delete(_TABLE).where(_TABLE.c.plan_id == entry.plan_id))
         connection.execute(_TABLE.insert().values(**self.record(entry)))
+
+    def put_unsynced(self, entry: JournalEntry) -> None:
+        """Replaces the plan's existing entry without waiting for the disk: for a change whose loss
+        in a power cut costs nothing but what the entry said before (see the module docstring)."""
+        self.db.commit_unsynced(update(_TABLE).where(_TABLE.c.plan_id == entry.plan_id)
+                                .values(entry=entry.to_record()))
 
     def remove(self, plan_id: str) -> None:
         """Deletes the plan's entry without waiting for the disk (see the module docstring)."""

@@ -36,6 +36,7 @@ from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, 
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
 from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed
+from checkpointd.core.workspace.windows import Window, WindowJournal
 
 log = logging.getLogger("checkpointd.workspace")
 
@@ -148,16 +149,15 @@ def _walk(fd: int, path: str) -> int:
 
 
 class Workspace:
-    def __init__(self, root: str, temp_tag: str = "",
-                 window_opening: Callable[[str, int], None] | None = None) -> None:
+    def __init__(self, root: str, temp_tag: str = "", windows: WindowJournal | None = None) -> None:
         #: An absolute path without symlinks (as stored for a plan: resolved when it was set).
         self.root = root
         #: Names this workspace's temporary files, so that they can be found after a crash.
         self.temp_tag = temp_tag
-        #: Told (path, mode) right before ``_changing`` makes a read-only directory owner-writable
-        #: for a moment, so that a journal can record the mode to put back after a kill there.
-        #: What it raises stops the change before anything is done.
-        self.window_opening = window_opening
+        #: Where owner-write windows are journaled (see ``windows``); None: not journaled.
+        self.windows = windows
+        #: Within ``windows_open``: the windows opened so far, by path, closed when it ends.
+        self._open: dict[str, Window] | None = None
         #: Within ``batched_sync``: where writes defer their fsyncs to.
         self._pending: SyncBatch | None = None
 
@@ -243,54 +243,107 @@ class Workspace:
             raise UnsafePath(path)
 
     @contextlib.contextmanager
+    def windows_open(self) -> Iterator[None]:
+        """Within, a read-only directory's owner-write window (``_changing``) stays open from its
+        first change to the end of the block, then closes: one window, journaled once, for all
+        of a rollback's changes in that directory."""
+        self._open = {}
+        try:
+            yield
+        finally:
+            opened, self._open = self._open, None
+            for window in reversed(opened.values()):
+                try:
+                    with self.dir_fd(window.path) as fd:
+                        self._close(window, fd)
+                except (FileNotFoundError, NotADirectoryError, UnsafePath):
+                    if self.windows is not None:  # removed (by the run itself, or moved away): nothing to set back
+                        self.windows.closed(window)
+                except (OSError, FailedPrecondition) as exc:
+                    log.warning("could not set the mode of %r back to %o: %s", window.path, window.mode, exc)
+
+    @contextlib.contextmanager
     def _changing(self, path: str) -> Iterator[int]:
         """``dir_fd`` for a change to the entries of directory ``path``. One without its owner's
         write bit (a read-only directory the user made, or a rollback restored and its undo must
         take back) gets the bit for the change when the server owns it, so a server that is not
-        root does what root does (root ignores the bit) instead of failing there for good; its
-        mode is set back right after, unless someone changed it meanwhile. ``window_opening`` is
-        told first: a rollback journals the mode, and whoever finishes a rollback killed in
-        between sets it back (``close_window``)."""
+        root does what root does (root ignores the bit) instead of failing there for good: a
+        window (``windows``), journaled before it opens, closed right after the change or at the
+        end of ``windows_open``, and then only if nobody changed the mode meanwhile."""
         with self.dir_fd(path) as fd:
-            st = os.fstat(fd)
+            window = self._open_window(path, fd)
+            if window is None or self._open is not None:
+                yield fd
+                return
+            try:
+                yield fd
+            finally:
+                self._close(window, fd)
+
+    def window_mode(self, path: str, st: os.stat_result) -> int | None:
+        """The mode directory ``path`` (stat ``st``) had before this run opened its window, if
+        the window is open and as it left it; else None."""
+        window = self._open.get(path) if self._open else None
+        if (window is None or (window.dev, window.ino) != (st.st_dev, st.st_ino)
+                or stat.S_IMODE(st.st_mode) != window.writable):
+            return None
+        return window.mode
+
+    def _open_window(self, path: str, fd: int) -> Window | None:
+        """Opens ``path``'s window if it needs one (None if not, or if it is open already)."""
+        st = os.fstat(fd)
+        if self._open is not None:
+            window = self._open.get(path)
+            if window is not None and (window.dev, window.ino) == (st.st_dev, st.st_ino):
+                return None
+        for _attempt in range(3):
             mode = stat.S_IMODE(st.st_mode)
             if (st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid()
                     or (mode & stat.S_ISGID and st.st_gid != os.getegid() and st.st_gid not in os.getgroups())):
                 # Not ours, or a setgid bit that our fchmod would clear (the kernel does, for a
                 # caller outside the directory's group): change nothing, fail as before.
-                yield fd
-                return
-            writable = mode | stat.S_IWUSR
-            if self.window_opening is not None:
-                self.window_opening(path, mode)
-            os.fchmod(fd, writable)
-            try:
-                yield fd
-            finally:
-                self._take_back_write_bit(path, fd, mode, writable)
+                return None
+            window = Window(path, mode, st.st_dev, st.st_ino)
+            if self.windows is None:
+                break
+            self.windows.opening(window)
+            st = os.fstat(fd)
+            if stat.S_IMODE(st.st_mode) == mode:
+                break
+            self.windows.closed(window)  # chmod-ed while the window was journaled: that mode is the user's
+        else:
+            return None  # the mode keeps changing: left to whoever changes it (the change may then fail)
+        os.fchmod(fd, window.writable)
+        if self._open is not None:
+            self._open[path] = window
+        return window
 
-    @staticmethod
-    def _take_back_write_bit(path: str, fd: int, mode: int, writable: int) -> None:
-        """Sets ``mode`` back unless someone chmod-ed the directory since (to another mode than
-        ``writable``: the change made inside moved its ctime, so a chmod to that very mode cannot
-        be told apart). Never raises: the change it follows has been made (a failure is logged,
-        and the directory is left owner-writable)."""
+    def _close(self, window: Window, fd: int) -> None:
+        """Sets ``window``'s mode back unless someone chmod-ed the directory since (to another
+        mode than the window's: changes made inside move its ctime anyway, so a chmod to that
+        very mode cannot be told apart), or ``fd`` is another directory now. Never raises: the
+        changes it follows have been made (a failure is logged, the directory left writable)."""
         try:
-            if stat.S_IMODE(os.fstat(fd).st_mode) == writable:
-                os.fchmod(fd, mode)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (window.dev, window.ino) and stat.S_IMODE(st.st_mode) == window.writable:
+                os.fchmod(fd, window.mode)
         except OSError as exc:
-            log.warning("could not set the mode of %r back to %o: %s", path, mode, exc.strerror)
+            log.warning("could not set the mode of %r back to %o: %s", window.path, window.mode, exc.strerror)
+            return
+        if self.windows is not None:
+            self.windows.closed(window)
 
-    def close_window(self, path: str, mode: int) -> bool:
-        """Sets directory ``path`` back to ``mode`` if it is exactly as ``_changing`` left it open
-        (``mode`` plus the owner's write bit): a process killed in that window left it so. Another
-        mode means someone changed it since, which stays. Whether it set the mode back."""
+    def close_window(self, window: Window) -> bool:
+        """Sets ``window``'s directory back to its mode if it is exactly as ``_changing`` left it
+        open: a process killed with the window open left it so. Another mode, or another directory
+        at the path, means someone changed it since, which stays. Whether it set the mode back."""
         try:
-            with self.dir_fd(path) as fd:
+            with self.dir_fd(window.path) as fd:
                 st = os.fstat(fd)
-                if stat.S_IMODE(st.st_mode) != mode | stat.S_IWUSR or mode & stat.S_IWUSR:
+                if ((st.st_dev, st.st_ino) != (window.dev, window.ino) or window.mode & stat.S_IWUSR
+                        or stat.S_IMODE(st.st_mode) != window.writable):
                     return False
-                os.fchmod(fd, mode)
+                os.fchmod(fd, window.mode)
                 return True
         except (FileNotFoundError, NotADirectoryError, UnsafePath):
             return False
@@ -361,8 +414,16 @@ class Workspace:
                 os.close(created)
 
     def set_dir_mode(self, path: str, mode: int) -> None:
+        """Sets a directory's mode; a window open on it is closed by this (its mode is the one to keep)."""
         with self.dir_fd(path) as fd:
             os.fchmod(fd, mode)
+            window = self._open.get(path) if self._open is not None else None
+            if window is not None:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (window.dev, window.ino):
+                    del self._open[path]
+                    if self.windows is not None:
+                        self.windows.closed(window)
 
     def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check,
                    again: Callable[[], Iterable[bytes]] | None = None) -> None:

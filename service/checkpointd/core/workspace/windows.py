@@ -1,0 +1,31 @@
+"""Owner-write windows: a read-only directory the server owns gets its owner's write bit while a
+rollback changes its entries (root ignores the bit; a server that is not root would fail there
+for good), and its mode back after. A window is journaled before it opens and when it closes
+(``WindowJournal``), so whoever finishes a rollback killed with a window open sets the mode back
+(``Workspace.close_window``), and only on that very directory (``Window.dev``, ``Window.ino``)."""
+
+from __future__ import annotations
+
+import stat
+from typing import NamedTuple, Protocol
+
+
+class Window(NamedTuple):
+    """A directory made owner-writable: the mode to put back and the directory's identity."""
+
+    path: str
+    mode: int
+    dev: int
+    ino: int
+
+    @property
+    def writable(self) -> int:
+        return self.mode | stat.S_IWUSR
+
+
+class WindowJournal(Protocol):
+    def opening(self, window: Window) -> None:
+        """Records ``window`` durably before it opens; what it raises stops the change."""
+
+    def closed(self, window: Window) -> None:
+        """``window`` is closed (its mode set back, or taken over by a mode step). Never raises."""
