@@ -42,6 +42,7 @@ from tests.core.restore.test_rollback_changes_attacked import (
     _reopen,
 )
 from tests.core.restore.test_rollback_write_path_attacked import Plan, _Killed, before_workspace_call, write
+from tests.core.restore.test_undo_and_retry_attacked import _flip_file_to_dir
 from tests.helpers import at_fault_point
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (as the other rollback attack files)")
@@ -267,13 +268,7 @@ def test_a_path_the_user_emptied_before_the_killed_undo_reached_it_gets_the_user
     is deleted before it gets there (its removal finds nothing, and the file goes back): the user's
     file p is back. (Reported as a defect first: keep's 'a deletion wins' is for what the rollback
     wrote being the user's choice to delete; here the undo journaled p as its own to empty.)"""
-    write(plan.root / "p/x.txt", "target x\n")
-    write(plan.root / "z.txt", "target z\n")
-    target = plan.checkpoint()
-    shutil.rmtree(plan.root / "p")
-    write(plan.root / "p", "the user's old p\n")
-    write(plan.root / "z.txt", "changed z\n")
-    plan.checkpoint()
+    target = _flip_file_to_dir(plan)
     _user_rewrites_z_during_the_rollback(plan, monkeypatch)
     _kill_at_the_undos_first_change(plan, monkeypatch)
     with pytest.raises(_Killed):
@@ -284,7 +279,7 @@ def test_a_path_the_user_emptied_before_the_killed_undo_reached_it_gets_the_user
     shutil.rmtree(plan.root / "p")
     plan.checkpoint()
     assert plan.engine.journal.get(plan.plan_id) is None
-    assert (plan.root / "p").read_text() == "the user's old p\n"
+    assert (plan.root / "p").read_text() == "the user's precious p\n"
 
 
 # -- 3. attacks that hold ---------------------------------------------------------------------------
@@ -430,13 +425,7 @@ def test_the_interim_paths_the_journal_cannot_record_stop_the_undo_clearly_and_i
     """The undo of a rollback that made the user's file p a directory must journal p as interim first;
     the database refuses that put. The rollback's error is a clear FailedPrecondition (the undo failed
     too), nothing of the undo was done, and the plan's next use finishes it: p is the user's file."""
-    write(plan.root / "p/x.txt", "target x\n")
-    write(plan.root / "z.txt", "target z\n")
-    target = plan.checkpoint()
-    shutil.rmtree(plan.root / "p")
-    write(plan.root / "p", "the user's p\n", 0o640)
-    write(plan.root / "z.txt", "changed z\n")
-    plan.checkpoint()
+    target = _flip_file_to_dir(plan)
     before = plan.state()
     _user_rewrites_z_during_the_rollback(plan, monkeypatch)
     journal = type(plan.engine.journal)
@@ -464,13 +453,7 @@ def test_a_file_the_user_puts_where_a_killed_undo_emptied_an_interim_path_is_kep
     """The undo removes the rollback's directory p/ (to put the user's file p back) and dies before the
     write; the user then writes a new file p. The takeover must keep the user's new file (interim keeps
     only an empty path or a directory)."""
-    write(plan.root / "p/x.txt", "target x\n")
-    write(plan.root / "z.txt", "target z\n")
-    target = plan.checkpoint()
-    shutil.rmtree(plan.root / "p")
-    write(plan.root / "p", "the user's old p\n")
-    write(plan.root / "z.txt", "changed z\n")
-    plan.checkpoint()
+    target = _flip_file_to_dir(plan)
     _user_rewrites_z_during_the_rollback(plan, monkeypatch)
     undoing = [False]
     real_put = type(plan.engine.journal).put
