@@ -491,15 +491,20 @@ class ConfigClient:
         return list(self._rpc.unary("ListConfig", self._stub.ListConfig, request, timeout).entries)
 
     def set_config(
-        self, key: str, value: JsonValue, *, plan_id: str = "", timeout: float | None = None
+        self, key: str, value: JsonValue, *, plan_id: str = "", etag: str = "", timeout: float | None = None
     ) -> ConfigEntry:
-        """Set the global value (or the plan's override) of a key; returns the resulting entry."""
-        request = config_service_pb2.SetConfigRequest(key=key, value=to_value(value), plan_id=plan_id)
+        """Set the global value (or the plan's override) of a key; returns the resulting entry.
+        With ``etag`` (an entry's, read at the same plan_id) only if the value has not changed
+        since: else grpc ABORTED / ETAG_MISMATCH, and nothing is changed."""
+        request = config_service_pb2.SetConfigRequest(key=key, value=to_value(value), plan_id=plan_id, etag=etag)
         return self._rpc.unary("SetConfig", self._stub.SetConfig, request, timeout).entry
 
-    def clear_config(self, key: str, *, plan_id: str = "", timeout: float | None = None) -> ConfigEntry:
-        """Remove the value at this scope so the next scope (global, then default) applies."""
-        request = config_service_pb2.SetConfigRequest(key=key, plan_id=plan_id, clear=True)
+    def clear_config(
+        self, key: str, *, plan_id: str = "", etag: str = "", timeout: float | None = None
+    ) -> ConfigEntry:
+        """Remove the value at this scope so the next scope (global, then default) applies
+        (with ``etag``: as ``set_config``)."""
+        request = config_service_pb2.SetConfigRequest(key=key, plan_id=plan_id, clear=True, etag=etag)
         return self._rpc.unary("SetConfig", self._stub.SetConfig, request, timeout).entry
 
     def watch_config(

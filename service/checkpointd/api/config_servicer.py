@@ -35,11 +35,14 @@ class ConfigServicer(pb_grpc.ConfigServiceServicer):
 
     def SetConfig(self, request: pb.SetConfigRequest, context: grpc.ServicerContext):
         plan_id = validation.plan_id(request.plan_id, required=False)
+        validation.max_length(request.etag, validation.MAX_ETAG, "etag")
+        etag = request.etag
         if request.clear:
-            effective = self.config.clear(request.key, plan_id)
+            effective = self.config.clear(request.key, plan_id, etag)
         else:
             lookup_key(request.key)
-            effective = self.config.set(request.key, convert.value_to_python(request.value, request.key), plan_id)
+            effective = self.config.set(request.key, convert.value_to_python(request.value, request.key), plan_id,
+                                        etag)
         return pb.SetConfigResponse(entry=convert.config_entry(effective))
 
     def WatchConfig(self, request: pb.WatchConfigRequest, context: grpc.ServicerContext) -> Iterator:

@@ -205,6 +205,7 @@ def config_entry(effective: Effective) -> config_pb.ConfigEntry:
         default_value=python_to_value(effective.key.default),
         description=effective.key.description,
         plan_id=effective.plan_id,
+        etag=effective.etag,
     )
     if effective.update_time is not None:
         entry.update_time.CopyFrom(timestamp(effective.update_time))

@@ -41,6 +41,8 @@ def status_code(kind: Kind) -> grpc.StatusCode:
             return grpc.StatusCode.UNAVAILABLE
         case Kind.DATA_LOSS:
             return grpc.StatusCode.DATA_LOSS
+        case Kind.ABORTED:
+            return grpc.StatusCode.ABORTED
 
 
 #: Longest status message and ErrorInfo metadata value, in UTF-8 bytes. The status travels in

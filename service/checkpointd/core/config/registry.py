@@ -8,6 +8,8 @@ is the plan's override, else the global value, else the default.
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from checkpointd.core.capture.gitignore import MAX_PATTERN_BYTES, refusal
-from checkpointd.core.kernel.errors import InvalidArgument, Reason
+from checkpointd.core.kernel.errors import Aborted, InvalidArgument, Reason
 from checkpointd.core.kernel.vocabulary import AUTO_TRIGGERS
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import ConfigRow, utcnow
@@ -190,6 +192,14 @@ class Effective:
     plan_id: str
     update_time: datetime | None
 
+    @property
+    def etag(self) -> str:
+        """Identifies this effective value (AIP-154), derived from what makes it: a set moves its
+        update_time even to the same value, so no change goes unnoticed."""
+        basis = [self.key.name, self.plan_id, self.source.name, self.value,
+                 self.update_time.isoformat() if self.update_time is not None else ""]
+        return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:24]
+
 
 def lookup_key(name: str) -> ConfigKey:
     try:
@@ -220,6 +230,8 @@ class ConfigStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._changed = threading.Condition()
+        #: This process's changes take turns (see ``_change``).
+        self._turns = threading.Lock()
         self._version = 0
         self._listeners: list[Callable[[], None]] = []
         self._cache: dict[tuple[str, tuple[str, ...]], tuple[int, dict[str, Effective]]] | None = (
@@ -249,60 +261,63 @@ class ConfigStore:
 
     def _read(self, names: list[str], plan_id: str) -> dict[str, Effective]:
         keys = [lookup_key(n) for n in names]
-        scopes = ["", plan_id] if plan_id else [""]
         with self.db.session() as session:
-            rows = session.exec(
-                select(ConfigRow).where(ConfigRow.key.in_(names), ConfigRow.plan_id.in_(scopes))  # type: ignore[attr-defined]
-            ).all()
+            rows = session.exec(_rows_of(names, plan_id)).all()
         found = {(r.plan_id, r.key): r for r in rows}
-        out = {}
-        for key in keys:
-            out[key.name] = Effective(key, key.default, Source.DEFAULT, plan_id, None)
-            # The plan's value, else the global one; a stored value that no longer passes the key's
-            # schema (written by another release) is passed over as if it were not there.
-            for row, source in ((found.get((plan_id, key.name)) if plan_id else None, Source.PLAN),
-                                (found.get(("", key.name)), Source.GLOBAL)):
-                if row is None:
-                    continue
-                try:
-                    value = key.validate(row.value)
-                except ValueError:
-                    continue
-                out[key.name] = Effective(key, value, source, plan_id, row.update_time)
-                break
-        return out
+        return {key.name: _effective(key, plan_id, found) for key in keys}
 
-    def set(self, name: str, value: Any, plan_id: str = "") -> Effective:
+    def set(self, name: str, value: Any, plan_id: str = "", etag: str = "") -> Effective:
+        """Sets the value at ``plan_id``'s scope (global when empty); with ``etag``, only if the
+        effective value there still has it (else Aborted / ETAG_MISMATCH)."""
         key = lookup_key(name)
         value = validate_value(key, value)
-        try:
-            self._write(name, value, plan_id)
-        except IntegrityError:
-            # Another replica inserted the first value for this key at the same moment: update it.
-            self._write(name, value, plan_id)
-        self._notify()
-        return self.resolve(name, plan_id)
 
-    def _write(self, name: str, value: Any, plan_id: str) -> None:
-        with self.db.session() as session:
-            row = session.exec(select(ConfigRow).where(ConfigRow.key == name, ConfigRow.plan_id == plan_id)).first()
+        def write(session, row: ConfigRow | None) -> None:
             if row is None:
                 row = ConfigRow(plan_id=plan_id, key=name, value=value)
             else:
                 row.value = value
                 row.update_time = utcnow()
             session.add(row)
-            session.commit()
 
-    def clear(self, name: str, plan_id: str = "") -> Effective:
-        lookup_key(name)
-        with self.db.session() as session:
-            row = session.exec(select(ConfigRow).where(ConfigRow.key == name, ConfigRow.plan_id == plan_id)).first()
-            if row is not None:
-                session.delete(row)
-                session.commit()
+        try:
+            self._change(key, plan_id, etag, write)
+        except IntegrityError:
+            # Another replica inserted the first value for this key at the same moment: update it
+            # (with an etag, checked again: it was the value's absence that matched).
+            self._change(key, plan_id, etag, write)
         self._notify()
         return self.resolve(name, plan_id)
+
+    def clear(self, name: str, plan_id: str = "", etag: str = "") -> Effective:
+        """Removes the value at ``plan_id``'s scope; with ``etag``, as ``set``."""
+        key = lookup_key(name)
+
+        def delete(session, row: ConfigRow | None) -> None:
+            if row is not None:
+                session.delete(row)
+
+        self._change(key, plan_id, etag, delete)
+        self._notify()
+        return self.resolve(name, plan_id)
+
+    def _change(self, key: ConfigKey, plan_id: str, etag: str,
+                change: Callable[[Any, ConfigRow | None], None]) -> None:
+        """Runs ``change`` on the row at ``plan_id``'s scope in one transaction, after checking
+        ``etag`` against the effective value: rows locked on PostgreSQL (another replica's change
+        waits), changes taking turns in this process on SQLite (the only server on its database)."""
+        with self._turns, self.db.session() as session:
+            rows = session.exec(_rows_of([key.name], plan_id).with_for_update()).all()
+            found = {(r.plan_id, r.key): r for r in rows}
+            if etag:
+                current = _effective(key, plan_id, found)
+                if current.etag != etag:
+                    raise Aborted(Reason.ETAG_MISMATCH,
+                                  f"{key.name} changed since it was read (etag {etag!r}, now {current.etag!r}): read "
+                                  "it again and decide on the value it has now", key=key.name, plan_id=plan_id,
+                                  etag=current.etag)
+            change(session, found.get((plan_id, key.name)))
+            session.commit()
 
     def _notify(self) -> None:
         with self._changed:
@@ -336,3 +351,24 @@ class ConfigStore:
     def wake_all(self) -> None:
         """Wakes every watcher (used on shutdown)."""
         self._notify()
+
+
+def _rows_of(names: list[str], plan_id: str):
+    """The stored values of ``names`` at the scopes that resolve for ``plan_id``."""
+    scopes = ["", plan_id] if plan_id else [""]
+    return select(ConfigRow).where(ConfigRow.key.in_(names), ConfigRow.plan_id.in_(scopes))  # type: ignore[attr-defined]
+
+
+def _effective(key: ConfigKey, plan_id: str, found: dict[tuple[str, str], ConfigRow]) -> Effective:
+    """The plan's value, else the global one, else the default; a stored value that no longer
+    passes the key's schema (written by another release) is passed over as if it were not there."""
+    for row, source in ((found.get((plan_id, key.name)) if plan_id else None, Source.PLAN),
+                        (found.get(("", key.name)), Source.GLOBAL)):
+        if row is None:
+            continue
+        try:
+            value = key.validate(row.value)
+        except ValueError:
+            continue
+        return Effective(key, value, source, plan_id, row.update_time)
+    return Effective(key, key.default, Source.DEFAULT, plan_id, None)

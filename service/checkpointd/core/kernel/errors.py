@@ -48,6 +48,7 @@ class Reason(enum.StrEnum):
     NOT_A_DIRECTORY = "NOT_A_DIRECTORY"
     LOCK_LOST = "LOCK_LOST"
     INVALID_CHARACTER = "INVALID_CHARACTER"
+    ETAG_MISMATCH = "ETAG_MISMATCH"
 
 
 class Kind(enum.Enum):
@@ -60,6 +61,7 @@ class Kind(enum.Enum):
     RESOURCE_EXHAUSTED = enum.auto()
     UNAVAILABLE = enum.auto()
     DATA_LOSS = enum.auto()
+    ABORTED = enum.auto()
 
 
 class CheckpointdError(Exception):
@@ -103,3 +105,9 @@ class Unavailable(CheckpointdError):
 
 class DataLoss(CheckpointdError):
     kind = Kind.DATA_LOSS
+
+
+class Aborted(CheckpointdError):
+    """A concurrency conflict (AIP-154's etag): read again and retry."""
+
+    kind = Kind.ABORTED

@@ -13,6 +13,8 @@ MAX_LABEL_VALUE = 256
 MAX_STATE_BYTES = 16 * 1024 * 1024
 MAX_PATHS = 1000
 MAX_REQUEST_ID = 128
+#: Longest etag accepted (the server's are 24 characters).
+MAX_ETAG = 128
 
 _LABEL_KEY = re.compile(r"[a-z][a-z0-9_./-]{0,62}")
 _REQUEST_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID}}}")
