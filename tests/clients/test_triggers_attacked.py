@@ -366,6 +366,22 @@ def test_config_updates_made_conditional_lose_no_one_s_update(cpd: Checkpointd, 
     assert cleared.source != pb.CONFIG_SOURCE_PLAN
 
 
+def test_a_watch_always_holds_the_etag_to_change_the_value_by(cpd: Checkpointd, plan_id: str) -> None:
+    """A set to the same value moves the etag: the watch sends the entry again with it, so a
+    watcher's conditional change is not refused for an etag it could not have known."""
+    cpd.config.set_config(AUTO, ["on_error"], plan_id=plan_id)  # the plan's own value, set again below
+    watch = cpd.config.watch_config([AUTO], plan_id=plan_id, timeout=30)
+    entries = iter(watch)
+    try:
+        first = next(entries)
+        assert first.source == pb.CONFIG_SOURCE_PLAN
+        again = cpd.config.set_config(AUTO, from_value(first.value), plan_id=plan_id, etag=first.etag)
+        assert again.etag != first.etag
+        assert next(entries).etag == again.etag
+    finally:
+        watch.cancel()
+
+
 def test_a_plan_s_etag_covers_the_global_value_it_inherits(cpd: Checkpointd, new_plan_id) -> None:
     """A plan without its own value reads the global one: a change of the global value since
     makes the plan's read stale too."""

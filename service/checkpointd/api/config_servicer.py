@@ -95,8 +95,9 @@ def _watched(request: pb.WatchConfigRequest) -> tuple[str, list[str]]:
 
 
 def _news(resolved: dict[str, Effective], sent: dict[str, object]) -> Iterator[pb.WatchConfigResponse]:
-    """An entry for each key whose value or source differs from what the watch sent last."""
+    """An entry for each key whose value, source or etag (a set to the same value moves it)
+    differs from what the watch sent last: a watcher always holds the etag to change it by."""
     for key, effective in resolved.items():
-        if sent.get(key, sent) != (effective.value, effective.source):
-            sent[key] = (effective.value, effective.source)
+        if sent.get(key, sent) != (effective.value, effective.source, effective.etag):
+            sent[key] = (effective.value, effective.source, effective.etag)
             yield pb.WatchConfigResponse(entry=convert.config_entry(effective))
