@@ -97,7 +97,7 @@ class Recovery:
         entry whose plan moved on is dropped unapplied. Called with the plan's lock and the store's
         ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
         parts = self.parts
-        windows = OpenedWindows(parts.journal, entry)
+        windows = OpenedWindows(parts.journal, entry, partial(parts.registry.check_held, entry.plan_id))
         workspace = windows.workspace()
         for directory in entry.directories:
             workspace.remove_temp_files(directory, entry.temp_tag)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -15,7 +16,7 @@ from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, Igno
 from checkpointd.core.capture.snapshot import CaptureResult
 from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.parts import EngineParts
-from checkpointd.core.kernel.errors import FailedPrecondition, Reason
+from checkpointd.core.kernel.errors import CheckpointdError, FailedPrecondition, Reason
 from checkpointd.core.metadata.models import CheckpointRow
 from checkpointd.core.restore.journal import JournalEntry, RollbackJournal
 from checkpointd.core.restore.restorer import holds, removes_base
@@ -94,9 +95,13 @@ class OpenedWindows:
     only then. Such directories are rare (the user made them read-only): two commits for each
     per rollback, nothing otherwise. ``entry`` is the entry as it is journaled now."""
 
-    def __init__(self, journal: RollbackJournal, entry: JournalEntry) -> None:
+    def __init__(self, journal: RollbackJournal, entry: JournalEntry,
+                 still_ours: Callable[[], None] = lambda: None) -> None:
         self.journal = journal
         self.entry = entry
+        #: Raises once the plan's lock is lost: another replica may have taken the plan over and
+        #: journaled an entry of its own, which nothing here may overwrite.
+        self.still_ours = still_ours
 
     def workspace(self) -> Workspace:
         return Workspace(self.entry.workspace_root, self.entry.temp_tag, self)
@@ -105,7 +110,7 @@ class OpenedWindows:
         if window in self.entry.opened:
             return
         entry = replace(self.entry, opened=(*self.entry.opened, window))
-        try:
+        try:  # (the plan's lock was checked right before this change: keep_going)
             self.journal.put(entry)
         except SQLAlchemyError as exc:
             raise FailedPrecondition(Reason.ROLLBACK_CONFLICT,
@@ -118,6 +123,11 @@ class OpenedWindows:
         if window not in self.entry.opened:
             return
         self.entry = replace(self.entry, opened=tuple(w for w in self.entry.opened if w != window))
+        try:
+            self.still_ours()
+        except CheckpointdError as exc:  # the taker's entry is the plan's now; it checks the window
+            log.warning("not journaling that the window on %r is closed: %s", window.path, exc.message)
+            return
         try:
             self.journal.put_unsynced(self.entry)
         except SQLAlchemyError as exc:  # the entry still names it: a recovery checks it, and finds it closed

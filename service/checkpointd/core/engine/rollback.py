@@ -144,7 +144,7 @@ class Rollbacks:
     def _apply_journaled(self, entry: JournalEntry, changes: list[Change], seen: dict[str, Indexed]) -> None:
         """Applies ``changes`` (their journal entry is committed); on failure undoes them and raises."""
         watcher = self.parts.watcher
-        windows = OpenedWindows(self.parts.journal, entry)
+        windows = OpenedWindows(self.parts.journal, entry, partial(self.parts.registry.check_held, entry.plan_id))
         try:
             with watcher.quieted() if watcher is not None else contextlib.nullcontext():
                 self.parts.restorer.apply(windows.workspace(), changes, seen,

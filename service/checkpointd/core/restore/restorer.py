@@ -158,17 +158,14 @@ def holds(current: Entry | None, written: Entry | None) -> bool:
 class _Expect:
     """The check (see ``workspace.Check``) that a path still holds what the safety capture saw."""
 
-    __slots__ = ("path", "entry", "known", "absent_ok", "workspace")
+    __slots__ = ("path", "entry", "known", "absent_ok")
 
-    def __init__(self, path: str, entry: Entry | None, known: Indexed | None, workspace: Workspace,
-                 absent_ok: bool = False) -> None:
+    def __init__(self, path: str, entry: Entry | None, known: Indexed | None, absent_ok: bool = False) -> None:
         self.path = path
         self.entry = entry
         self.known = known
         #: A path already gone is fine for a removal: nothing is lost by not removing it.
         self.absent_ok = absent_ok
-        #: Knows the directories this run made owner-writable (their mode is the one before).
-        self.workspace = workspace
 
     def __call__(self, dir_fd: int, name: str) -> None:
         try:
@@ -189,7 +186,7 @@ class _Expect:
         if kind is EntryKind.SYMLINK:
             if os.readlink(name, dir_fd=dir_fd) != expected.target:
                 raise Changed(self.path, "was pointed elsewhere after the rollback's safety checkpoint")
-        elif file_mode(st) != expected.mode and self.workspace.window_mode(self.path, st) != expected.mode:
+        elif file_mode(st) != expected.mode:
             raise Changed(self.path, "had its permissions changed after the rollback's safety checkpoint")
         elif kind is EntryKind.FILE:
             self._same_file(dir_fd, name, st, expected)
@@ -299,8 +296,7 @@ class Restorer:
         ``ApplyInterrupted`` (``batched``: synced together at the end; else one path at a time).
         ``keep_going`` is called before each change: what it raises stops the run where it is
         (nothing undone, what was written left for whoever finishes the rollback). A read-only
-        directory the changes go into is owner-writable from the first to the end of the run
-        (``Workspace.windows_open``)."""
+        directory's owner-write window is journaled once for the run (``Workspace.windows_open``)."""
         with workspace.windows_open():
             self._apply_windowed(workspace, changes, seen, batched, keep_going)
 
@@ -366,7 +362,7 @@ class Restorer:
 
     @staticmethod
     def _remove(workspace: Workspace, change: Change, current: Entry | None, known: Indexed | None) -> object:
-        check = _Expect(change.path, current, known, workspace, absent_ok=True)
+        check = _Expect(change.path, current, known, absent_ok=True)
         if change.base.kind is EntryKind.DIR:
             if not workspace.remove_empty_dir(change.path, check):
                 if change.target is not None:
@@ -378,12 +374,12 @@ class Restorer:
 
     @staticmethod
     def _make_dir(workspace: Workspace, change: Change, current: Entry | None, known: Indexed | None) -> object:
-        workspace.make_dir(change.path, change.target.mode, _Expect(change.path, current, known, workspace))
+        workspace.make_dir(change.path, change.target.mode, _Expect(change.path, current, known))
         return Entry(EntryKind.DIR, change.target.mode | 0o700)
 
     def _write(self, workspace: Workspace, change: Change, current: Entry | None, known: Indexed | None) -> object:
         target = change.target
-        check = _Expect(change.path, current, known, workspace)
+        check = _Expect(change.path, current, known)
         if target.kind is EntryKind.FILE:
             workspace.write_file(change.path, self.store.iter_chunks(target.digest), target.mode, check,
                                  again=lambda: self.store.iter_chunks(target.digest))

@@ -1,8 +1,9 @@
-"""Owner-write windows: a read-only directory the server owns gets its owner's write bit while a
-rollback changes its entries (root ignores the bit; a server that is not root would fail there
-for good), and its mode back after. A window is journaled before it opens and when it closes
-(``WindowJournal``), so whoever finishes a rollback killed with a window open sets the mode back
-(``Workspace.close_window``), and only on that very directory (``Window.dev``, ``Window.ino``)."""
+"""Owner-write windows: a read-only directory the server owns gets its owner's write bit for each
+change a rollback makes among its entries (root ignores the bit; a server that is not root would
+fail there for good), and its mode back right after. A window is journaled before it first opens
+in a run and journaled closed when the run ends (``WindowJournal``), so whoever finishes a
+rollback killed with a window open sets the mode back (``Workspace.close_window``), and only on a
+directory with that identity (``Window.dev``, ``Window.ino``)."""
 
 from __future__ import annotations
 

@@ -156,8 +156,8 @@ class Workspace:
         self.temp_tag = temp_tag
         #: Where owner-write windows are journaled (see ``windows``); None: not journaled.
         self.windows = windows
-        #: Within ``windows_open``: the windows opened so far, by path, closed when it ends.
-        self._open: dict[str, Window] | None = None
+        #: Within ``windows_open``: the windows journaled so far, journaled closed when it ends.
+        self._journaled: list[Window] | None = None
         #: Within ``batched_sync``: where writes defer their fsyncs to.
         self._pending: SyncBatch | None = None
 
@@ -244,23 +244,16 @@ class Workspace:
 
     @contextlib.contextmanager
     def windows_open(self) -> Iterator[None]:
-        """Within, a read-only directory's owner-write window (``_changing``) stays open from its
-        first change to the end of the block, then closes: one window, journaled once, for all
-        of a rollback's changes in that directory."""
-        self._open = {}
+        """Within, each read-only directory's window is journaled once, however many changes open
+        it, and journaled closed when the block ends: one commit per directory per run."""
+        self._journaled = []
         try:
             yield
         finally:
-            opened, self._open = self._open, None
-            for window in reversed(opened.values()):
-                try:
-                    with self.dir_fd(window.path) as fd:
-                        self._close(window, fd)
-                except (FileNotFoundError, NotADirectoryError, UnsafePath):
-                    if self.windows is not None:  # removed (by the run itself, or moved away): nothing to set back
-                        self.windows.closed(window)
-                except (OSError, FailedPrecondition) as exc:
-                    log.warning("could not set the mode of %r back to %o: %s", window.path, window.mode, exc)
+            journaled, self._journaled = self._journaled, None
+            if self.windows is not None:
+                for window in journaled:
+                    self.windows.closed(window)
 
     @contextlib.contextmanager
     def _changing(self, path: str) -> Iterator[int]:
@@ -268,11 +261,13 @@ class Workspace:
         write bit (a read-only directory the user made, or a rollback restored and its undo must
         take back) gets the bit for the change when the server owns it, so a server that is not
         root does what root does (root ignores the bit) instead of failing there for good: a
-        window (``windows``), journaled before it opens, closed right after the change or at the
-        end of ``windows_open``, and then only if nobody changed the mode meanwhile."""
+        window (``windows``), journaled before it opens, closed through the same fd right after
+        the change, and then only if nobody changed the mode meanwhile. The window spans one
+        change, not the run: a capture meanwhile (another plan's, whose workspace holds this one)
+        records the user's mode."""
         with self.dir_fd(path) as fd:
             window = self._open_window(path, fd)
-            if window is None or self._open is not None:
+            if window is None:
                 yield fd
                 return
             try:
@@ -280,22 +275,9 @@ class Workspace:
             finally:
                 self._close(window, fd)
 
-    def window_mode(self, path: str, st: os.stat_result) -> int | None:
-        """The mode directory ``path`` (stat ``st``) had before this run opened its window, if
-        the window is open and as it left it; else None."""
-        window = self._open.get(path) if self._open else None
-        if (window is None or (window.dev, window.ino) != (st.st_dev, st.st_ino)
-                or stat.S_IMODE(st.st_mode) != window.writable):
-            return None
-        return window.mode
-
     def _open_window(self, path: str, fd: int) -> Window | None:
-        """Opens ``path``'s window if it needs one (None if not, or if it is open already)."""
+        """Opens ``path``'s window if it needs one (None if not)."""
         st = os.fstat(fd)
-        if self._open is not None:
-            window = self._open.get(path)
-            if window is not None and (window.dev, window.ino) == (st.st_dev, st.st_ino):
-                return None
         for _attempt in range(3):
             mode = stat.S_IMODE(st.st_mode)
             if (st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid()
@@ -304,33 +286,37 @@ class Workspace:
                 # caller outside the directory's group): change nothing, fail as before.
                 return None
             window = Window(path, mode, st.st_dev, st.st_ino)
-            if self.windows is None:
+            if self.windows is None or (self._journaled is not None and window in self._journaled):
                 break
             self.windows.opening(window)
+            if self._journaled is not None:
+                self._journaled.append(window)
             st = os.fstat(fd)
             if stat.S_IMODE(st.st_mode) == mode:
                 break
-            self.windows.closed(window)  # chmod-ed while the window was journaled: that mode is the user's
+            # chmod-ed while the window was journaled: that mode is the user's
+            if self._journaled is not None:
+                self._journaled.remove(window)
+            self.windows.closed(window)
         else:
             return None  # the mode keeps changing: left to whoever changes it (the change may then fail)
         os.fchmod(fd, window.writable)
-        if self._open is not None:
-            self._open[path] = window
         return window
 
     def _close(self, window: Window, fd: int) -> None:
-        """Sets ``window``'s mode back unless someone chmod-ed the directory since (to another
-        mode than the window's: changes made inside move its ctime anyway, so a chmod to that
-        very mode cannot be told apart), or ``fd`` is another directory now. Never raises: the
-        changes it follows have been made (a failure is logged, the directory left writable)."""
+        """Sets ``window``'s mode back through ``fd`` unless someone chmod-ed the directory since
+        (to another mode than the window's: changes made inside move its ctime anyway, so a chmod
+        to that very mode cannot be told apart), or it was removed meanwhile. Outside
+        ``windows_open`` its close is journaled here. Never raises: the change it follows has
+        been made (a failure is logged, the directory left writable)."""
         try:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == (window.dev, window.ino) and stat.S_IMODE(st.st_mode) == window.writable:
+            if st.st_nlink and stat.S_IMODE(st.st_mode) == window.writable:
                 os.fchmod(fd, window.mode)
         except OSError as exc:
             log.warning("could not set the mode of %r back to %o: %s", window.path, window.mode, exc.strerror)
             return
-        if self.windows is not None:
+        if self.windows is not None and self._journaled is None:
             self.windows.closed(window)
 
     def close_window(self, window: Window) -> bool:
@@ -414,16 +400,8 @@ class Workspace:
                 os.close(created)
 
     def set_dir_mode(self, path: str, mode: int) -> None:
-        """Sets a directory's mode; a window open on it is closed by this (its mode is the one to keep)."""
         with self.dir_fd(path) as fd:
             os.fchmod(fd, mode)
-            window = self._open.get(path) if self._open is not None else None
-            if window is not None:
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) == (window.dev, window.ino):
-                    del self._open[path]
-                    if self.windows is not None:
-                        self.windows.closed(window)
 
     def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check,
                    again: Callable[[], Iterable[bytes]] | None = None) -> None:
