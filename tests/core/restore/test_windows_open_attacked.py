@@ -14,10 +14,12 @@ the attacks that hold are plain tests.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -205,6 +207,25 @@ def test_a_windowed_directory_the_run_replaces_with_a_file_ends_clean(plan: Plan
     assert plan.engine.journal.get(plan.plan_id) is None
 
 
+@contextlib.contextmanager
+def _every_change_fails(why: str) -> Iterator[None]:
+    """Within, every restorer change fails with EIO: a server that takes the plan over, journals
+    its entry and dies at its first change."""
+    real_point = restorer_module.crash_point
+
+    def point(which, *args, **kwargs):
+        if which is Point.RESTORE_CHANGE:
+            raise OSError(errno.EIO, why)
+        return real_point(which, *args, **kwargs)
+
+    inner = pytest.MonkeyPatch()
+    inner.setattr(restorer_module, "crash_point", point)
+    try:
+        yield
+    finally:
+        inner.undo()
+
+
 # -- 2. the window's close written after the plan was lost ------------------------------------------
 
 
@@ -221,19 +242,8 @@ def test_a_run_that_lost_its_lock_never_overwrites_the_new_owners_journal_entry(
     def another_server_takes_over() -> None:
         # A restarted server's start-up takes the plan over: it closes ro/'s window, records a safety
         # checkpoint, journals its entry, and fails at its first change (its entry stays).
-        real_point = restorer_module.crash_point
-
-        def point(which, *args, **kwargs):
-            if which is Point.RESTORE_CHANGE:
-                raise OSError(errno.EIO, "the other server died here")
-            return real_point(which, *args, **kwargs)
-
-        inner = pytest.MonkeyPatch()
-        inner.setattr(restorer_module, "crash_point", point)
-        try:
+        with _every_change_fails("the other server died here"):
             again = _reopen(plan)
-        finally:
-            inner.undo()
         try:
             taken.append(again.engine.journal.get(plan.plan_id).last_sequence)
         finally:
@@ -437,19 +447,8 @@ def test_on_postgresql_a_replica_that_lost_its_lock_never_overwrites_the_takers_
         def lock_lost_and_taken_over() -> None:
             (pid,) = holders(admin, f"plan:{plan_id}")
             end_session(admin, pid)
-            real_point = restorer_module.crash_point
-
-            def point(which, *args, **kwargs):
-                if which is Point.RESTORE_CHANGE:
-                    raise OSError(errno.EIO, "replica B died here")
-                return real_point(which, *args, **kwargs)
-
-            inner = pytest.MonkeyPatch()
-            inner.setattr(restorer_module, "crash_point", point)
-            try:
+            with _every_change_fails("replica B died here"):
                 replicas.append(Replica(tmp_path, url, workspaces, "b"))
-            finally:
-                inner.undo()
             taken.append(replicas[-1].checkpoints.journal.get(plan_id).last_sequence)
 
         registry = a.checkpoints.registry
