@@ -13,6 +13,7 @@ reason, except under CI=true, where that is a failure.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -46,10 +47,29 @@ TEST_DATABASE_PREFIX = "checkpointd_test_"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
+#: Each pytest-xdist worker hands out its servers' ports from a range of its own, below the kernel's
+#: ephemeral range, in turn: a port a stopped server frees (to be restarted on) is never handed to
+#: another server meanwhile, whose health check would then pass for it and which would then answer
+#: its calls (seen once: WORKSPACE_ROOT_NOT_ALLOWED from another worker's server).
+_PORTS_PER_WORKER = 2000
+_FIRST_PORT = 12000
+_next_port = [random.randrange(_PORTS_PER_WORKER)]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) % 8 if worker[2:].isdigit() else 0
+    low = _FIRST_PORT + index * _PORTS_PER_WORKER
+    for _ in range(_PORTS_PER_WORKER):
+        port = low + _next_port[0] % _PORTS_PER_WORKER
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + _PORTS_PER_WORKER - 1}")
 
 
 class RunningServer:
