@@ -291,6 +291,17 @@ def test_a_recovery_killed_between_setting_a_window_back_and_journaling_it_is_fi
 # -- 3. no read-only directory: nothing more than before --------------------------------------------
 
 
+def _rollback_counted(plan: Plan, monkeypatch, target) -> tuple[list[str], list[int]]:
+    """Rolls back to ``target`` (it must come back whole): the journal writes and the directory
+    fchmods the rollback made."""
+    writes = _journal_writes(monkeypatch, plan.plan_id)
+    chmods = _dir_fchmods(monkeypatch)
+    plan.rollback(target)
+    monkeypatch.undo()
+    assert plan.state() == plan.files_of(target)
+    return writes, chmods
+
+
 def test_a_rollback_without_read_only_directories_journals_and_chmods_nothing_more(
         plan: Plan, monkeypatch) -> None:
     """A rollback rewriting files in three writable directories and removing one: one journal put, one
@@ -302,11 +313,7 @@ def test_a_rollback_without_read_only_directories_journals_and_chmods_nothing_mo
         write(plan.root / f"{d}/f.txt", f"changed {d}\n")
     write(plan.root / "d/new.txt", "new\n")
     plan.checkpoint()
-    writes = _journal_writes(monkeypatch, plan.plan_id)
-    chmods = _dir_fchmods(monkeypatch)
-    plan.rollback(target)
-    monkeypatch.undo()
-    assert plan.state() == plan.files_of(target)
+    writes, chmods = _rollback_counted(plan, monkeypatch, target)
     assert writes == ["put", "remove"]
     assert chmods == []
 
@@ -346,11 +353,7 @@ def test_one_window_per_read_only_directory_however_many_changes(plan: Plan, mon
         write(plan.root / f"ro/f{i}.txt", f"changed {i}\n")
     os.chmod(plan.root / "ro", 0o555)
     plan.checkpoint()
-    writes = _journal_writes(monkeypatch, plan.plan_id)
-    chmods = _dir_fchmods(monkeypatch)
-    plan.rollback(target)
-    monkeypatch.undo()
-    assert plan.state() == plan.files_of(target)
+    writes, chmods = _rollback_counted(plan, monkeypatch, target)
     assert writes == ["put", "put", "put_unsynced", "remove"]  # the entry, the window opening, its close, the end
     assert chmods == [0o755, 0o555] * 10
 

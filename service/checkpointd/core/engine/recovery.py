@@ -150,7 +150,7 @@ class Recovery:
                 parts.journal.put(windows.entry)
             if changes:
                 parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE,
-                                     keep_going=partial(parts.registry.check_held, entry.plan_id))
+                                     keep_going=windows.still_ours)
         crash_point(Point.ROLLBACK_APPLIED)
         parts.journal.remove(entry.plan_id)
 

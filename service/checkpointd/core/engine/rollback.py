@@ -147,8 +147,7 @@ class Rollbacks:
         windows = OpenedWindows(self.parts.journal, entry, partial(self.parts.registry.check_held, entry.plan_id))
         try:
             with watcher.quieted() if watcher is not None else contextlib.nullcontext():
-                self.parts.restorer.apply(windows.workspace(), changes, seen,
-                                          keep_going=partial(self.parts.registry.check_held, entry.plan_id))
+                self.parts.restorer.apply(windows.workspace(), changes, seen, keep_going=windows.still_ours)
         except ApplyInterrupted as interrupted:
             raise self._undo_interrupted(windows.entry, interrupted) from interrupted
         crash_point(Point.ROLLBACK_APPLIED)
