@@ -110,6 +110,11 @@ class JournalEntry:
         body["version"] = FORMAT_VERSION
         body["written"] = None if self.written is None else [[path, _entry_json(entry)]
                                                              for path, entry in self.written]
+        # A window's birth time goes in a list of its own: a server before it reads each window
+        # as four fields, ignores the list (an unknown field) and matches the inode alone.
+        body["opened"] = [window[:4] for window in self.opened]
+        if any(window.born_ns for window in self.opened):
+            body["opened_born_ns"] = [window.born_ns for window in self.opened]
         for optional in ("opened", "interim"):  # left out when empty: a server before them reads the rest
             if not body[optional]:
                 del body[optional]
@@ -142,8 +147,12 @@ class JournalEntry:
         body["paths"] = tuple(body["paths"])
         body["directories"] = tuple(body["directories"])
         body["goal"] = Goal(body["goal"])
-        body["opened"] = tuple(Window(str(path), int(mode), int(dev), int(ino))
-                               for path, mode, dev, ino in body.get("opened", ()))
+        opened = body.get("opened", ())
+        born = list(body.pop("opened_born_ns", None) or ()) or [0] * len(opened)
+        if len(born) != len(opened):
+            raise ValueError("a journal entry's windows and their birth times do not pair up")
+        body["opened"] = tuple(Window(str(path), int(mode), int(dev), int(ino), int(born_ns))
+                               for (path, mode, dev, ino, *_newer), born_ns in zip(opened, born))
         body["interim"] = tuple(str(path) for path in body.get("interim", ()))
         unknown = body.keys() - {f.name for f in fields(cls)}
         if unknown:  # a newer server's additions: what they would add is not known here, the rest is

@@ -36,7 +36,7 @@ from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, 
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
 from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed
-from checkpointd.core.workspace.windows import Window, WindowJournal
+from checkpointd.core.workspace.windows import Window, WindowJournal, born_ns
 
 log = logging.getLogger("checkpointd.workspace")
 
@@ -278,6 +278,8 @@ class Workspace:
     def _open_window(self, path: str, fd: int) -> Window | None:
         """Opens ``path``'s window if it needs one (None if not)."""
         st = os.fstat(fd)
+        # Only a journaled window is ever compared with a directory found later (close_window).
+        born = born_ns(fd) if self.windows is not None else 0
         for _attempt in range(3):
             mode = stat.S_IMODE(st.st_mode)
             if (st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid()
@@ -285,7 +287,7 @@ class Workspace:
                 # Not ours, or a setgid bit that our fchmod would clear (the kernel does, for a
                 # caller outside the directory's group): change nothing, fail as before.
                 return None
-            window = Window(path, mode, st.st_dev, st.st_ino)
+            window = Window(path, mode, st.st_dev, st.st_ino, born)
             if self.windows is None or (self._journaled is not None and window in self._journaled):
                 break
             self.windows.opening(window)
@@ -326,7 +328,7 @@ class Workspace:
         try:
             with self.dir_fd(window.path) as fd:
                 st = os.fstat(fd)
-                if ((st.st_dev, st.st_ino) != (window.dev, window.ino) or window.mode & stat.S_IWUSR
+                if (not window.same_directory(st, born_ns(fd)) or window.mode & stat.S_IWUSR
                         or stat.S_IMODE(st.st_mode) != window.writable):
                     return False
                 os.fchmod(fd, window.mode)
