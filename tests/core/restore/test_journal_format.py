@@ -4,9 +4,9 @@ every entry without them, and one that has them reads the entries of one that do
 
 from __future__ import annotations
 
-import pytest
-
 import json
+
+import pytest
 
 from checkpointd.core.restore.journal import Goal, JournalEntry
 from checkpointd.core.store.tree import Entry, EntryKind

@@ -152,7 +152,7 @@ class JournalEntry:
         if len(born) != len(opened):
             raise ValueError("a journal entry's windows and their birth times do not pair up")
         body["opened"] = tuple(Window(str(path), int(mode), int(dev), int(ino), int(born_ns))
-                               for (path, mode, dev, ino, *_newer), born_ns in zip(opened, born))
+                               for (path, mode, dev, ino, *_newer), born_ns in zip(opened, born, strict=True))
         body["interim"] = tuple(str(path) for path in body.get("interim", ()))
         unknown = body.keys() - {f.name for f in fields(cls)}
         if unknown:  # a newer server's additions: what they would add is not known here, the rest is
