@@ -144,6 +144,25 @@ def test_config_get_set_clear(tcp, plan_id):
     assert unknown.returncode == 1 and "UNKNOWN_CONFIG_KEY" in unknown.stderr
 
 
+def test_config_set_and_clear_with_an_etag_change_only_the_value_read(tcp, plan_id):
+    """Read-modify-write from a shell: `config get --json` gives the etag, `--etag` makes the change
+    conditional on it; a stale one changes nothing and says why, in one line."""
+    key = "core.checkpoints.client_deadline_ms"
+    read = json.loads(run_cli("config", "get", key, "--plan", plan_id, "--json", *tcp).stdout)[0]
+    changed = json.loads(run_cli("config", "set", key, "2345", "--plan", plan_id, "--etag", read["etag"],
+                                 "--json", *tcp).stdout)[0]
+    assert changed["value"] == 2345 and changed["etag"] != read["etag"]
+    stale = run_cli("config", "set", key, "3456", "--plan", plan_id, "--etag", read["etag"], *tcp)
+    assert stale.returncode == 1 and "ABORTED [ETAG_MISMATCH]" in stale.stderr
+    assert "Traceback" not in stale.stderr
+    stale_clear = run_cli("config", "clear", key, "--plan", plan_id, "--etag", read["etag"], *tcp)
+    assert stale_clear.returncode == 1 and "ETAG_MISMATCH" in stale_clear.stderr
+    assert json.loads(run_cli("config", "get", key, "--plan", plan_id, "--json", *tcp).stdout)[0]["value"] == 2345
+    cleared = json.loads(run_cli("config", "clear", key, "--plan", plan_id, "--etag", changed["etag"], "--json",
+                                 *tcp).stdout)[0]
+    assert cleared["source"] != "CONFIG_SOURCE_PLAN"
+
+
 def test_errors_are_one_line_and_exit_1(tcp):
     missing = run_cli("show", str(ULID()), *tcp)
     assert missing.returncode == 1 and "NOT_FOUND [CHECKPOINT_NOT_FOUND]" in missing.stderr

@@ -228,6 +228,10 @@ def register_commands(commands) -> None:
             parser.add_argument("value", metavar="VALUE", nargs="+",
                                 help="e.g. 5000, refuse, '[\"a\",\"b\"]'; a list as words: "
                                      "before_tool_execute on_error")
+        if verb in ("set", "clear"):
+            parser.add_argument("--etag", default="", metavar="ETAG",
+                                help="only if the value is still the one `config get` showed with this etag "
+                                     "(else ETAG_MISMATCH and nothing changes)")
 
     plan_id = commands.add_parser("new-plan-id", help="print a fresh plan id (a ULID)",
                                   description="Print a fresh ULID to use as a new plan's id (checkpointd_client."

@@ -81,7 +81,7 @@ def config_set(args: argparse.Namespace) -> int:
         try:
             value = value_of(args.key, args.value, list_valued)
             with _changing(args):
-                entry = config.set_config(args.key, value, plan_id=args.plan)
+                entry = config.set_config(args.key, value, plan_id=args.plan, etag=args.etag)
         except ConfigUsageError as error:
             render.error(str(error))
             return 2
@@ -96,5 +96,5 @@ def config_set(args: argparse.Namespace) -> int:
 @reports_errors
 def config_clear(args: argparse.Namespace) -> int:
     with connect(args) as conn, _changing(args):
-        entry = conn.config().clear_config(args.key, plan_id=args.plan)
+        entry = conn.config().clear_config(args.key, plan_id=args.plan, etag=args.etag)
     return _show([entry], args, f"cleared ({_scope(args)}); now in effect")
