@@ -31,6 +31,7 @@ from checkpointd.core.kernel.errors import CheckpointdError, Reason, Unavailable
 from checkpointd.core.kernel.faults import Point
 from checkpointd.core.restore import restorer as restorer_module
 from checkpointd.core.restore.journal import RollbackJournal
+from checkpointd.core.workspace import workspace as workspace_module
 from checkpointd.core.workspace.workspace import Workspace
 from tests.core.restore.test_journaled_windows_attacked import _at_nth_write, _in_a_child_killed, _mode
 from tests.core.restore.test_rollback_changes_attacked import _read_only_dir_workspace, _recover, _reopen
@@ -311,9 +312,12 @@ def test_a_rollback_without_read_only_directories_journals_and_chmods_nothing_mo
         write(plan.root / f"{d}/f.txt", f"changed {d}\n")
     write(plan.root / "d/new.txt", "new\n")
     plan.checkpoint()
+    births: list[int] = []
+    monkeypatch.setattr(workspace_module, "born_ns", lambda fd: births.append(fd) or 0)
     writes, chmods = _rollback_counted(plan, monkeypatch, target)
     assert writes == ["put", "remove"]
     assert chmods == []
+    assert births == [], "a writable directory's birth time was asked for (a statx per change)"
 
 
 def test_a_recovery_without_read_only_directories_journals_and_chmods_nothing_more(plan: Plan) -> None:

@@ -278,8 +278,7 @@ class Workspace:
     def _open_window(self, path: str, fd: int) -> Window | None:
         """Opens ``path``'s window if it needs one (None if not)."""
         st = os.fstat(fd)
-        # Only a journaled window is ever compared with a directory found later (close_window).
-        born = born_ns(fd) if self.windows is not None else 0
+        born = -1
         for _attempt in range(3):
             mode = stat.S_IMODE(st.st_mode)
             if (st.st_mode & stat.S_IWUSR or st.st_uid != os.geteuid()
@@ -287,6 +286,9 @@ class Workspace:
                 # Not ours, or a setgid bit that our fchmod would clear (the kernel does, for a
                 # caller outside the directory's group): change nothing, fail as before.
                 return None
+            if born < 0:
+                # Only a journaled window is ever compared with a directory found later (close_window).
+                born = born_ns(fd) if self.windows is not None else 0
             window = Window(path, mode, st.st_dev, st.st_ino, born)
             if self.windows is None or (self._journaled is not None and window in self._journaled):
                 break
