@@ -26,7 +26,7 @@ from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, Igno
 from checkpointd.core.capture.readers import Readers, TooLarge, chunks
 from checkpointd.core.capture.stat_index import Indexed, RootIndex, StatIndex
 from checkpointd.core.kernel import heap
-from checkpointd.core.store.content_store import Batch, ContentStore, digest_bytes
+from checkpointd.core.store.content_store import Batch, ContentStore, UnreadableSource, digest_bytes
 from checkpointd.core.store.tree import Entry, EntryKind, Trees
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
 from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Workspace, is_temp_name
@@ -462,6 +462,8 @@ class Snapshotter:
                             break
                         try:
                             entry = _entry_at(dfd, name, st, batch)
+                        except UnreadableSource as exc:
+                            raise Inaccessible(path, exc) from exc  # opened, but its read fails
                         except OSError as exc:
                             if exc.errno in FLIPPED or exc.errno == errno.ENXIO:
                                 continue  # changed kind since its lstat (ENXIO: a socket or device now)
@@ -599,6 +601,8 @@ def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "",
             digest, size = batch.put_fd(fd, opened.st_size, similar)
         else:
             digest, size = batch.put_fd(fd, opened.st_size)
+    except UnreadableSource:
+        return None  # opened but its read fails (EIO, a special file system): skipped as unreadable
     finally:
         os.close(fd)
     return Entry(EntryKind.FILE, file_mode(opened), size, digest), opened

@@ -721,9 +721,10 @@ class Batch:
 
     def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
         """Stores the content readable from ``src_fd``; returns (digest, size read). See
-        ``put_bytes`` for ``similar``."""
+        ``put_bytes`` for ``similar``. A read of ``src_fd`` that fails raises ``UnreadableSource``
+        (the file's fault, not the store's)."""
         if expected_size <= COMPRESS_LIMIT:
-            data = _read_all(src_fd, expected_size)
+            data = read_source(src_fd, expected_size)
             return self.put_bytes(data, similar), len(data)
         hasher = hashlib.sha256()
         size = 0
@@ -731,10 +732,13 @@ class Batch:
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(RAW)
-                while chunk := os.read(src_fd, _CHUNK):
+                while chunk := read_source_chunk(src_fd):
                     hasher.update(chunk)
                     out.write(chunk)
                     size += len(chunk)
+        except UnreadableSource:
+            staged.unlink(missing_ok=True)
+            raise
         except OSError as exc:
             staged.unlink(missing_ok=True)
             raise storage_error(exc) from exc
@@ -876,6 +880,25 @@ def run_finish_callbacks(callbacks: list[Callable[[bool], None]], committed: boo
                 error = exc
     if error is not None:
         raise error
+
+
+class UnreadableSource(OSError):
+    """A file being stored could not be read (EIO, EINVAL from a special file system, a lease):
+    the file is unreadable, the store is fine."""
+
+
+def read_source(fd: int, expected_size: int) -> bytes:
+    try:
+        return _read_all(fd, expected_size)
+    except OSError as exc:
+        raise UnreadableSource(exc.errno, exc.strerror) from exc
+
+
+def read_source_chunk(fd: int, size: int = _CHUNK) -> bytes:
+    try:
+        return os.read(fd, size)
+    except OSError as exc:
+        raise UnreadableSource(exc.errno, exc.strerror) from exc
 
 
 def _read_all(fd: int, expected_size: int = _CHUNK) -> bytes:

@@ -22,7 +22,6 @@ import contextlib
 import enum
 import errno
 import hashlib
-import os
 import threading
 import uuid
 import zlib
@@ -37,7 +36,15 @@ from sqlalchemy.exc import DBAPIError
 from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.metadata.db import AdvisoryLock, Database
 from checkpointd.core.metadata.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
-from checkpointd.core.store.content_store import ContentStore, Postponed, SharedExclusiveLock, run_finish_callbacks
+from checkpointd.core.store.content_store import (
+    ContentStore,
+    Postponed,
+    SharedExclusiveLock,
+    UnreadableSource,
+    read_source,
+    read_source_chunk,
+    run_finish_callbacks,
+)
 from checkpointd.core.store.packs import zlib_decompress
 from checkpointd.core.store.replica_fence import FENCE_LOCK, ReplicaFence
 from checkpointd.core.store.staging import StagedObjects
@@ -422,17 +429,20 @@ class Batch:
         """Stores the content readable from ``src_fd``; returns (digest, size read). ``similar``
         is ignored, as in ``put_bytes``."""
         if expected_size <= _CHUNK:
-            data = _read_all(src_fd)
+            data = read_source(src_fd, expected_size)
             return self.put_bytes(data), len(data)
         hasher = hashlib.sha256()
         path = self.store.staging / uuid.uuid4().hex
         size = 0
         try:
             with open(path, "xb") as out:
-                while chunk := os.read(src_fd, _CHUNK):
+                while chunk := read_source_chunk(src_fd, _CHUNK):
                     hasher.update(chunk)
                     out.write(chunk)
                     size += len(chunk)
+        except UnreadableSource:
+            path.unlink(missing_ok=True)
+            raise
         except OSError as exc:
             path.unlink(missing_ok=True)
             raise _storage_error(exc) from exc
@@ -487,8 +497,3 @@ class Batch:
         run_finish_callbacks(callbacks, committed)
 
 
-def _read_all(fd: int) -> bytes:
-    parts = []
-    while chunk := os.read(fd, _CHUNK):
-        parts.append(chunk)
-    return b"".join(parts)
