@@ -14,6 +14,7 @@ so there is nothing to keep in step; several label terms may be met by different
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -97,8 +98,9 @@ def parse_plan_filter(text: str) -> PlanFilter:
                 raise _bad(text, 'workspace_root takes = (exact) or : (that directory or under it)')
             if not raw.startswith("/"):
                 raise _bad(text, f"workspace_root {raw!r} must be an absolute path")
-            root = raw.rstrip("/") or "/"
-            (exact if operator == "=" else under).append(root)
+            # Spelled as a create may spell it (``//``, ``.``, ``..``, a symlink): the plan's root
+            # is recorded as CreateCheckpoint's realpath of it, so the filter's is taken the same way.
+            (exact if operator == "=" else under).append(os.path.realpath(raw))
         elif name == "update_time":
             if operator not in _TIME_OPERATORS:
                 raise _bad(text, "update_time takes <, <=, > or >=")
