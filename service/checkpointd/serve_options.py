@@ -12,6 +12,7 @@ from typing import Any
 from checkpointd.api.auth import OpenService, TokenError, TokenSource
 from checkpointd.core.maintenance.datadir_lock import DataDirBusy
 from checkpointd.core.metadata.db import DatabaseUrlError, SchemaError
+from checkpointd.defaults import MAX_SECONDS
 from checkpointd.listeners import ListenerError, TlsFiles
 from checkpointd.logging_setup import LogFormat
 
@@ -70,12 +71,13 @@ def _log_format(text: str) -> LogFormat:
 
 
 def seconds(text: str) -> float:
+    """An interval option: a finite number of seconds from 0 to ``MAX_SECONDS``."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+    if not 0 <= value <= MAX_SECONDS:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds from 0 to {MAX_SECONDS} (a year)")
     return value
 
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from checkpointd.defaults import default_data_dir
+from checkpointd.defaults import MAX_SECONDS, default_data_dir
 
 #: Deadline for calls that may capture a whole workspace (a first snapshot of a big tree).
 LONG_TIMEOUT_S = 600.0
@@ -41,8 +41,9 @@ def positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a timeout is a number of seconds above 0")
+    if not 0 < value <= MAX_SECONDS:  # also refuses nan; longer overflows gRPC's deadline
+        raise argparse.ArgumentTypeError(f"{text!r}: a timeout is a number of seconds above 0, "
+                                         f"at most {MAX_SECONDS} (a year)")
     return value
 
 
