@@ -171,6 +171,15 @@ def _make_data_dir(data_dir: Path) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OptionError(f"cannot create data directory {data_dir}: {exc.strerror}") from None
+    # One that exists may still take no file (a read-only mount, /proc, its permission bits for a
+    # server that is not root): said here, not as a traceback from the first file made in it.
+    probe = data_dir / f".checkpointd-probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise OptionError(f"cannot write in data directory {data_dir}: {exc.strerror}: give another with "
+                          "--data-dir (env CHECKPOINTD_DATA_DIR)") from None
 
 
 def _shown_url(settings: ServerSettings) -> str:
