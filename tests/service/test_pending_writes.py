@@ -7,6 +7,7 @@ import grpc
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.service.test_errors import INVALID, expect
 
 
@@ -78,3 +79,26 @@ def test_bad_writes_are_refused_with_a_reason(checkpoint_stub):
     refused("CHECKPOINT_NOT_FOUND", [_write("t", 0, "c", b"")], target=str(ULID()), code=grpc.StatusCode.NOT_FOUND)
     expect(INVALID, "MISSING_FIELD", checkpoint_stub.ListPendingWrites, pb.ListPendingWritesRequest())
     assert _listed(checkpoint_stub, checkpoint_id) == []
+
+
+
+def test_a_put_past_a_checkpoints_pending_writes_limit_is_refused_and_records_nothing(checkpointd_server):
+    """ListPendingWrites answers all of a checkpoint's writes in one message, so their total is
+    bounded (32 MiB) where they are accepted: the put that would go past it is RESOURCE_EXHAUSTED /
+    PENDING_WRITES_FULL and leaves nothing of itself; what was accepted stays listable. A
+    replaced special write counts once."""
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    with grpc.insecure_channel(checkpointd_server.tcp_target, options=options) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        checkpoint = _checkpoint(stub)
+        put = stub.PutPendingWrites
+        put(pb.PutPendingWritesRequest(checkpoint_id=checkpoint.checkpoint_id,
+                                       writes=[_write("t1", 0, "a", b"x" * (15 << 20))]))
+        for _ in range(3):  # replaced each time: one value of 15 MiB
+            put(pb.PutPendingWritesRequest(checkpoint_id=checkpoint.checkpoint_id,
+                                           writes=[_write("t1", -1, "__error__", b"e" * (15 << 20))]))
+        info = expect(grpc.StatusCode.RESOURCE_EXHAUSTED, "PENDING_WRITES_FULL", put, pb.PutPendingWritesRequest(
+            checkpoint_id=checkpoint.checkpoint_id,
+            writes=[_write("t2", 0, "b", b"small"), _write("t2", 1, "b", b"y" * (3 << 20))]))
+        assert info.metadata["limit"] == str(32 << 20)
+        assert [(t, i) for _, t, i, _, _ in _listed(stub, checkpoint.checkpoint_id)] == [("t1", -1), ("t1", 0)]

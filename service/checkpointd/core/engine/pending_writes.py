@@ -12,15 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import col, select
+from sqlmodel import col, func, select
 
 from checkpointd.core.kernel import validation
-from checkpointd.core.kernel.errors import InvalidArgument, NotFound, Reason
+from checkpointd.core.kernel.errors import InvalidArgument, NotFound, Reason, ResourceExhausted
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, PendingWriteRow
 
 MAX_WRITES = 1000
 MAX_TOTAL_BYTES = 16 * 1024 * 1024
+#: All of one checkpoint's pending writes (values and names): ListPendingWrites answers them in
+#: one message, which must stay within the server's 64 MiB, so a put past this is refused.
+MAX_CHECKPOINT_BYTES = 32 * 1024 * 1024
 MAX_NAME = 256
 MAX_VALUE_TYPE = 64
 MAX_TASK_PATH = 1024
@@ -85,6 +88,18 @@ def _put_once(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> N
             row.channel, row.value_type, row.value, row.task_path = (
                 write.channel, write.value_type, write.value, write.task_path)
             session.add(row)
+        session.flush()
+        held = session.exec(select(func.coalesce(func.sum(
+            func.length(PendingWriteRow.value) + func.length(PendingWriteRow.channel)
+            + func.length(PendingWriteRow.task_id) + func.length(PendingWriteRow.value_type)
+            + func.length(PendingWriteRow.task_path)), 0)).where(
+            PendingWriteRow.checkpoint_id == checkpoint_id)).one()
+        if held > MAX_CHECKPOINT_BYTES:
+            session.rollback()
+            raise ResourceExhausted(Reason.PENDING_WRITES_FULL,
+                                    f"checkpoint {checkpoint_id}'s pending writes would total {held} bytes, over "
+                                    f"{MAX_CHECKPOINT_BYTES}; nothing of this put was recorded",
+                                    checkpoint_id=checkpoint_id, limit=MAX_CHECKPOINT_BYTES)
         session.commit()
 
 

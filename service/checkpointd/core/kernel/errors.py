@@ -49,6 +49,7 @@ class Reason(enum.StrEnum):
     LOCK_LOST = "LOCK_LOST"
     INVALID_CHARACTER = "INVALID_CHARACTER"
     ETAG_MISMATCH = "ETAG_MISMATCH"
+    PENDING_WRITES_FULL = "PENDING_WRITES_FULL"
 
 
 class Kind(enum.Enum):
