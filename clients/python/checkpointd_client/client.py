@@ -152,6 +152,15 @@ def new_request_id() -> str:
     return str(uuid.uuid4())
 
 
+class FileChanges(list):
+    """The changes a diff lists (a list of `FileChange`), and `omitted`: how many more paths
+    differ than the server listed (it lists up to 16 MiB of changes; ask again with `paths`)."""
+
+    def __init__(self, changes: Iterable[FileChange] = (), *, omitted: int = 0) -> None:
+        super().__init__(changes)
+        self.omitted = omitted
+
+
 class _RpcCaller:
     """Applies the deadline and bearer token to each call and translates gRPC errors."""
 
@@ -287,7 +296,7 @@ class CheckpointClient:
         paths: Sequence[str | bytes] = (),
         text_diffs: bool = False,
         timeout: float | None = None,
-    ) -> list[FileChange]:
+    ) -> FileChanges:
         """Paths that differ; an empty target means the plan's live workspace. A path given as
         bytes may be one that is not valid UTF-8 (a `FileChange.raw_path`). `text_diffs=True`
         adds each changed text file's unified diff (`FileChange.text_diff`; see `format_patch`)."""
@@ -299,7 +308,8 @@ class CheckpointClient:
             raw_paths=raw_paths,
             text_diffs=text_diffs,
         )
-        return list(self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout).changes)
+        response = self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout)
+        return FileChanges(response.changes, omitted=response.changes_omitted)
 
     def rollback(
         self,

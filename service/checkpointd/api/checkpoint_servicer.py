@@ -50,7 +50,8 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
                                         convert.request_paths(request.paths, request.raw_paths))
         texts = (self.contents.text_diffs(request.base_checkpoint_id, request.target_checkpoint_id, changes)
                  if request.text_diffs else {})
-        return pb.DiffCheckpointsResponse(changes=[convert.change(c, texts.get(c.path)) for c in changes])
+        listed, omitted = convert.changes(changes, texts)
+        return pb.DiffCheckpointsResponse(changes=listed, changes_omitted=omitted)
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
         scope = convert.from_proto_enum(convert.SCOPES, request.scope, "scope") or Scope.FILES_AND_STATE
@@ -64,7 +65,8 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             current_state=request.current_state,
             allow_nested_workspaces=request.allow_nested_workspaces,
         ))
-        response = pb.RollbackResponse(changes=[convert.change(c) for c in result.changes], state=result.state,
+        listed, omitted = convert.changes(result.changes)
+        response = pb.RollbackResponse(changes=listed, changes_omitted=omitted, state=result.state,
                                        dry_run=result.dry_run,
                                        nested_workspaces=[convert.nested_workspace(n) for n in result.nested])
         if result.safety is not None:

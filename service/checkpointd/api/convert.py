@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -101,8 +101,42 @@ def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
 
 
+#: A response lists changes up to this many bytes of them (gRPC's send limit is 64 MiB; a
+#: rollback's answer also holds a state and its safety checkpoint); the rest are counted.
+LISTED_CHANGES_BYTES = 16 << 20
+#: A checkpoint message lists at most this many skipped files, and this many bytes of their
+#: paths: a page of 1,000 checkpoints must still fit in one message.
+LISTED_SKIPPED = 1000
+LISTED_SKIPPED_PATH_BYTES = 64 << 10
+
+
+def changes(found: Sequence[Change], texts: Mapping[str, TextDiff] | None = None) -> tuple[list[pb.FileChange], int]:
+    """The first of ``found`` as messages, up to ``LISTED_CHANGES_BYTES``, and how many are left out."""
+    listed: list[pb.FileChange] = []
+    size = 0
+    for c in found:
+        message = change(c, texts.get(c.path) if texts else None)
+        size += message.ByteSize()
+        if size > LISTED_CHANGES_BYTES:
+            break
+        listed.append(message)
+    return listed, len(found) - len(listed)
+
+
+def _skipped(skipped: list) -> tuple[list[pb.SkippedFile], int]:
+    listed: list[pb.SkippedFile] = []
+    path_bytes = 0
+    for p, size, reason in skipped[:LISTED_SKIPPED]:
+        path_bytes += len(p)
+        if path_bytes > LISTED_SKIPPED_PATH_BYTES:
+            break
+        listed.append(pb.SkippedFile(path=text(p), raw_path=raw_path(p), size_bytes=size, reason=reason))
+    return listed, len(skipped) - len(listed)
+
+
 def checkpoint(cp: Checkpoint) -> pb.Checkpoint:
     row = cp.row
+    skipped, skipped_omitted = _skipped(row.skipped)
     return pb.Checkpoint(
         checkpoint_id=row.checkpoint_id,
         plan_id=row.plan_id,
@@ -118,8 +152,8 @@ def checkpoint(cp: Checkpoint) -> pb.Checkpoint:
         file_count=row.file_count,
         total_size_bytes=row.total_size_bytes,
         state_size_bytes=row.state_size_bytes,
-        skipped_files=[pb.SkippedFile(path=text(p), raw_path=raw_path(p), size_bytes=size, reason=reason)
-                       for p, size, reason in row.skipped],
+        skipped_files=skipped,
+        skipped_files_omitted=skipped_omitted,
         tree_digest=f"sha256:{row.tree_digest}" if row.tree_digest else "",
         rollback_target_checkpoint_id=row.rollback_target_checkpoint_id or "",
         state=cp.state or b"",

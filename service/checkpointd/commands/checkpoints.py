@@ -102,19 +102,28 @@ def diff(args: argparse.Namespace) -> int:
                              highlight=False)
         sys.stdout.write(format_patch(changes, color=_use_color(args.color)))
         sys.stdout.flush()
+        if getattr(changes, "omitted", 0):
+            render.err.print(render.omitted_line(changes.omitted), highlight=False)
         return 0
+    omitted = getattr(changes, "omitted", 0)
     if args.json:
         render.emit_json([render.message_dict(c) for c in changes])
+        if omitted:
+            render.err.print(render.omitted_line(omitted), highlight=False)
         return 0
     against = args.target_id or "the live workspace"
-    render.print_changes(f"{args.base_id} -> {against}", changes)
+    render.print_changes(f"{args.base_id} -> {against}", changes, omitted)
     return 0
 
 
 def _rollback_json(preview: pb.RollbackResponse, applied: pb.RollbackResponse | None) -> dict:
     result: dict = {"dry_run": [render.message_dict(c) for c in preview.changes], "applied": applied is not None}
+    if preview.changes_omitted:
+        result["dry_run_omitted"] = preview.changes_omitted
     if applied is not None:
         result["changes"] = [render.message_dict(c) for c in applied.changes]
+        if applied.changes_omitted:
+            result["changes_omitted"] = applied.changes_omitted
         result["safety_checkpoint_id"] = applied.safety_checkpoint.checkpoint_id
     return result
 
@@ -146,7 +155,8 @@ def rollback(args: argparse.Namespace) -> int:
             preview = client.rollback(args.plan_id, args.checkpoint_id, scope=scope, paths=args.path, dry_run=True,
                                       allow_nested_workspaces=args.allow_nested)
         if not args.json:
-            render.print_changes(f"rollback to {args.checkpoint_id} would make", list(preview.changes))
+            render.print_changes(f"rollback to {args.checkpoint_id} would make", list(preview.changes),
+                                 preview.changes_omitted)
             if args.scope != "files" and preview.state:
                 keep = f"written to {args.state_out}" if args.state_out else "--state-out FILE keeps it"
                 render.out.print(f"and return the checkpoint's plan state ({render.human_size(len(preview.state))}; "
@@ -177,7 +187,8 @@ def rollback(args: argparse.Namespace) -> int:
     for nested in applied.nested_workspaces:
         render.out.print(f"changed {nested.change_count} path(s) in the workspace of plan {nested.plan_id} "
                          f"({nested.workspace_root}), as --allow-nested allowed", highlight=False, markup=False)
-    render.out.print(f"rolled back: {render.change_summary(list(applied.changes))}. Safety checkpoint "
+    more = f" and {applied.changes_omitted} more not listed" if applied.changes_omitted else ""
+    render.out.print(f"rolled back: {render.change_summary(list(applied.changes))}{more}. Safety checkpoint "
                      f"{applied.safety_checkpoint.checkpoint_id} holds what was there before "
                      f"(checkpointd rollback {args.plan_id} {applied.safety_checkpoint.checkpoint_id} undoes this)",
                      highlight=False)

@@ -127,7 +127,7 @@ def checkpoint_table(cp: pb.Checkpoint) -> Table:
     ]
     if cp.has_files:
         rows += [("files", str(cp.file_count)), ("size", human_size(cp.total_size_bytes)),
-                 ("tree", cp.tree_digest), ("skipped", str(len(cp.skipped_files)))]
+                 ("tree", cp.tree_digest), ("skipped", str(len(cp.skipped_files) + cp.skipped_files_omitted))]
     rows.append(("state", human_size(cp.state_size_bytes)))
     if cp.rollback_target_checkpoint_id:
         rows.append(("safety before rollback to", cp.rollback_target_checkpoint_id))
@@ -143,6 +143,8 @@ def skipped_table(cp: pb.Checkpoint) -> Table:
     table.add_column("reason")
     for skipped in cp.skipped_files:
         table.add_row(skipped.path, human_size(skipped.size_bytes), skipped.reason)
+    if cp.skipped_files_omitted:
+        table.caption = f"and {cp.skipped_files_omitted} more, not listed"
     return table
 
 
@@ -158,11 +160,19 @@ def _side(entry_type: int, size: int, mode: int) -> str:
     return f"{kind}{detail} {mode:04o}"
 
 
-def print_changes(heading: str, changes: list[pb.FileChange]) -> None:
-    """A one-line summary after ``heading``, then the table of changed paths (if any)."""
+def print_changes(heading: str, changes: list[pb.FileChange], omitted: int = 0) -> None:
+    """A one-line summary after ``heading``, then the table of changed paths (if any), and how
+    many more paths changed than the server listed."""
     out.print(f"{heading}: {change_summary(changes)}", highlight=False)
     if changes:
         out.print(changes_table(changes))
+    if omitted:
+        out.print(omitted_line(omitted), highlight=False)
+
+
+def omitted_line(omitted: int) -> str:
+    return (f"and {omitted} more changed paths, not listed (the answer holds up to 16 MiB of changes; "
+            "narrow it with --path to see them)")
 
 
 def changes_table(changes: Iterable[pb.FileChange]) -> Table:
