@@ -35,6 +35,8 @@ class Ack:
     state: bytes | None
     pinned: bool = False
     safety: bool = False
+    #: The paths it reported as skipped (too large): a rollback to it keeps what is at or under them.
+    skipped: frozenset[str] = frozenset()
 
 
 def reported(changes) -> dict[str, ws.ChangeRow]:
@@ -88,7 +90,7 @@ class Calls:
         self.log: list[str] = []
 
     def call(self, method: str, request, race: Race | None = None):
-        pending_restart: list[int] = []
+        pending_restart: list[tuple[int, bool]] = []
         try:
             while True:
                 index = self.replica
@@ -106,7 +108,12 @@ class Calls:
                         self.log.append(f"killed server {index} during {method} ({self.cluster.armed[index]})")
                         if self.cluster.replicated:
                             pending_restart.append((index, race_again))
-                            self.replica = 1 - index
+                            other = 1 - index
+                            # Both killed in one call: the one killed first restarts before the retry on it.
+                            for waiting in [p for p in pending_restart if p[0] == other]:
+                                pending_restart.remove(waiting)
+                                self.cluster.start(other, race=waiting[1])
+                            self.replica = other
                         else:
                             self.cluster.start(index, race=race_again)
                         continue
@@ -319,7 +326,8 @@ class ModelMachine(Calls, RuleBasedStateMachine):
         held = ws.capture(disk)
         if max(Counter(path.rpartition("/")[0] for path in held).values(), default=0) > SPLIT_ENTRIES:
             self.cluster.stats["checkpoints holding a split directory"] += 1
-        self.acked[checkpoint.checkpoint_id] = Ack(held, rules, checkpoint.sequence, request.state, pinned)
+        self.acked[checkpoint.checkpoint_id] = Ack(held, rules, checkpoint.sequence, request.state, pinned,
+                                                   skipped=frozenset(want_skipped))
 
     def diff_live(self, data):
         base = self.pick(data)
@@ -395,7 +403,7 @@ class ModelMachine(Calls, RuleBasedStateMachine):
     def roll_back(self, target_id: str, before: ws.Tree, top: str | None, dry_run: bool = False,
                   race: Race | None = None) -> None:
         target = self.acked[target_id]
-        expected = ws.expect_rollback(before, target.tree, target.rules, top)
+        expected = ws.expect_rollback(before, target.tree, target.rules, top, target.skipped)
         request = pb.RollbackRequest(plan_id=self.plan_id, checkpoint_id=target_id, dry_run=dry_run,
                                      paths=[top] if top else [], request_id="" if dry_run else str(uuid.uuid4()))
         killed_before = self.kills
@@ -455,8 +463,11 @@ class ModelMachine(Calls, RuleBasedStateMachine):
                                f"{ {p: before.get(p) for p in sorted(after.keys() ^ want.keys())} }) is not exact:\n"
                                + mismatch(after, want))
         self.cluster.stats["rollbacks checked byte for byte"] += 1
-        self.acked[safety.checkpoint_id] = Ack(expected.safety, ws.Rules.of(before), safety.sequence, None,
-                                               safety=True)
+        now_rules = ws.Rules.of(before)
+        self.acked[safety.checkpoint_id] = Ack(expected.safety, now_rules, safety.sequence, None, safety=True,
+                                               skipped=frozenset(p for p in before if p not in expected.safety
+                                                                 and now_rules.oversized(p, before)
+                                                                 and not now_rules.ignored(p, before)))
 
     @rule(seed=seeds)
     def random_steps(self, seed):

@@ -158,9 +158,11 @@ class Expected:
     changes: set[str]
 
 
-def expect_rollback(before: Tree, target: Tree, target_rules: Rules, top: str | None = None) -> Expected:
+def expect_rollback(before: Tree, target: Tree, target_rules: Rules, top: str | None = None,
+                    target_skipped: frozenset[str] = frozenset()) -> Expected:
     """A rollback of the workspace ``before`` to the checkpoint ``target`` (captured under
-    ``target_rules``), of everything or of the top-level path ``top`` only.
+    ``target_rules``, reporting ``target_skipped`` as too large), of everything or of the
+    top-level path ``top`` only.
 
     Inside the scope, every path the target holds is restored exactly; a path the target's rules
     would not capture, or that today's leave out and the target lacks, stays as it is (with the
@@ -172,8 +174,11 @@ def expect_rollback(before: Tree, target: Tree, target_rules: Rules, top: str | 
     now_rules = Rules.of(before)
     # Left alone: what the target's rules leave out, and what today's leave out that the target
     # lacks (the rollback does not see it; deleting it would lose it, as no safety capture has it).
+    # And what is at or under a path the target skipped as too large: it never saw what is there
+    # (a file it skipped may be a directory now).
     kept = {p for p in before if scoped(p) and (target_rules.excluded(p, before)
-                                                 or (p not in target and now_rules.excluded(p, before)))}
+                                                 or (p not in target and now_rules.excluded(p, before))
+                                                 or any(inside(p, s) for s in target_skipped))}
     after: Tree = {p: n for p, n in before.items() if not scoped(p)}
     after.update({p: n for p, n in target.items() if scoped(p)})
     may_conflict = False
