@@ -16,6 +16,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.hardening.liveness import Probes
+from tests.helpers import error_info
 
 LINE = "*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b"
 NAME = "a" * 240
@@ -85,3 +86,53 @@ def test_a_pathological_gitignore_stalls_nothing_and_sigterm_stops_the_server(fr
             assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), (
                 error.code(), error.details())
     server.process = None
+
+
+def test_patterns_past_their_matching_budget_refuse_the_checkpoint_and_a_simpler_file_is_captured(fresh_server):
+    """Patterns within every size limit can still take long per entry (a wildcard matching every
+    name first, then four thousand prefixes tried in turn: about a millisecond an entry). Past
+    its budget of CPU (two seconds, plus 0.1 ms an entry) the checkpoint is refused with
+    FAILED_PRECONDITION / IGNORE_RULES_TOO_COSTLY naming the file, and nothing is recorded; once
+    the file is simplified, the next checkpoint holds every change made meanwhile (the refused
+    capture lost none of what the watcher had told it)."""
+    server = fresh_server
+    root = server.new_workspace()
+    (root / "deep").mkdir()
+    (root / "deep" / ".gitignore").write_text("x00*\n")
+    for i in range(6_000):
+        (root / "deep" / f"x{i:05d}").write_text("")
+    (root / "kept.txt").write_text("before")
+    plan_id = str(ULID())
+
+    def create(stub):
+        return stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root)),
+                                     timeout=120).checkpoint
+
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        assert create(stub).file_count == 2 + 6_000 - 1_000  # kept.txt and .gitignore, less x00000-x00999
+        (root / "kept.txt").write_text("changed while the patterns were costly")
+        (root / "deep" / "x05999").write_text("changed too")
+        (root / "deep" / ".gitignore").write_text("x*\n" + "".join(f"y{i}*\n" for i in range(4_000)))
+        started = time.monotonic()
+        try:
+            create(stub)
+        except grpc.RpcError as error:
+            refused = error
+        else:
+            raise AssertionError("a checkpoint was taken past the ignore patterns' budget")
+        assert time.monotonic() - started < 60
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.details()
+        info = error_info(refused)
+        assert (info.reason, info.metadata["path"]) == ("IGNORE_RULES_TOO_COSTLY", "deep/.gitignore")
+        assert len(stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id)).checkpoints) == 1
+        (root / "deep" / ".gitignore").write_text("x00*\n")
+        made = create(stub)
+        assert made.file_count == 2 + 6_000 - 1_000
+
+        def content(path: str) -> bytes:
+            return b"".join(chunk.data for chunk in stub.ReadCheckpointFile(
+                pb.ReadCheckpointFileRequest(checkpoint_id=made.checkpoint_id, path=path)))
+
+        assert content("kept.txt") == b"changed while the patterns were costly"
+        assert content("deep/x05999") == b"changed too"

@@ -1,8 +1,7 @@
 """Edge sweep: bad input at the command line and in workspaces, against real servers.
 
 Each test here is a defect found by an adversarial review (helper-51, 4 December): those fixed are
-plain tests now; one left (a capture's ignore matching has no budget and outlives its caller) is a
-strict xfail naming the code at fault."""
+plain tests now."""
 
 from __future__ import annotations
 
@@ -114,11 +113,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.xfail(strict=True, reason="a .gitignore just under the 1 MiB cap (1040 patterns of 1000 bytes like "
-                   "'*a*a*a...b') over 600 long file names makes one capture take minutes of server CPU "
-                   "(about 0.15 ms per pattern and path, no budget), and the capture is not stopped when the "
-                   "caller's deadline passes: the server keeps burning a core for a call nobody waits for "
-                   "(capture/ignore.py + engine/create.py have no cancellation or time budget)")
 def test_an_abandoned_create_of_a_pathological_gitignore_workspace_stops_burning_cpu(fresh_server):
     root = fresh_server.allowed_root / "gitignore-bomb"
     root.mkdir()
@@ -128,10 +122,11 @@ def test_an_abandoned_create_of_a_pathological_gitignore_workspace_stops_burning
         (root / ("a" * 200 + str(i))).write_text("x")
     with grpc.insecure_channel(fresh_server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
+        try:  # answered in time (the file's later lines not applied), or given up on by the caller
             stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=str(ULID()), workspace_root=str(root)),
                                   timeout=3)
-        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error.details()
     time.sleep(3)  # whatever winds down after the cancel has had its time
     pid = fresh_server.process.pid
     before = _cpu_seconds(pid)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from dataclasses import dataclass
 
 #: Longest pattern (in bytes, after trimming) that is matched; longer ones never match.
@@ -35,6 +36,10 @@ from dataclasses import dataclass
 MAX_PATTERN_BYTES = 1024
 #: Patterns read from one .gitignore (or configured); the lines after the last one are ignored.
 MAX_PATTERNS_PER_FILE = 10_000
+#: Wildcards (``*``, ``?``, ``[``) in one file's patterns: each costs its regex tens of
+#: microseconds to build, so a 1 MiB file of nothing but stars would take half a minute to read.
+#: Real files hold hundreds; the lines past the limit are ignored.
+MAX_WILDCARDS_PER_FILE = 4096
 
 _STAR, _QUESTION, _LBRACKET, _RBRACKET = ord("*"), ord("?"), ord("["), ord("]")
 _BACKSLASH, _SLASH, _BANG, _CARET, _DASH, _COLON = ord("\\"), ord("/"), ord("!"), ord("^"), ord("-"), ord(":")
@@ -440,12 +445,39 @@ class Problem:
     why: str
 
 
+class MatchBudgetExhausted(Exception):
+    """Matching took more CPU than its ``MatchBudget`` allows."""
+
+
+class MatchBudget:
+    """The CPU time matching may take beyond the quick test: ``BASE_SECONDS``, plus
+    ``PER_ENTRY_SECONDS`` for every entry asked about (``entries``, counted by the caller). Real
+    pattern files cost microseconds per entry; a crafted one (a thousand patterns of hundreds
+    of stars each, against long names) costs a tenth of a second per entry and would hold a core
+    for minutes: past its budget, ``charge`` raises instead."""
+
+    BASE_SECONDS = 2.0
+    PER_ENTRY_SECONDS = 100e-6
+
+    __slots__ = ("entries", "spent")
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self.spent = 0.0
+
+    def charge(self, seconds: float) -> None:
+        self.spent += seconds
+        if self.spent > self.BASE_SECONDS + self.PER_ENTRY_SECONDS * self.entries:
+            raise MatchBudgetExhausted(self.spent)
+
+
 class PatternList:
     """The patterns of one file, last match wins; with a quick test that no pattern matches
     (the common case for nearly every path), made of set lookups and a regex per group."""
 
     __slots__ = ("patterns", "problems", "_names", "_suffixes", "_prefixes", "_paths",
-                 "_name_regexes", "_path_regexes", "_path_starts", "_has_path_patterns")
+                 "_name_regexes", "_path_regexes", "_path_starts", "_has_path_patterns",
+                 "_name_at", "_path_at", "_others")
 
     #: Regex patterns tested together by one alternation in the quick test: few, since one call
     #: holds the interpreter lock throughout (a crafted pattern and path cost a few ms each).
@@ -471,6 +503,20 @@ class PatternList:
         starts = texts(Kind.PATH_REGEX)
         self._path_starts = tuple(set(starts)) if starts and all(starts) else None
         self._has_path_patterns = bool(self._paths or self._path_regexes)
+        #: Where each literal name and path is (line order): found by lookup, not by trying every
+        #: pattern, so a file of thousands of plain names costs nothing per path; the others
+        #: (with their place) are tried in turn.
+        self._name_at: dict[str, list[int]] = {}
+        self._path_at: dict[str, list[int]] = {}
+        others = []
+        for index, pattern in enumerate(patterns):
+            if pattern.kind == Kind.NAME:
+                self._name_at.setdefault(pattern.text, []).append(index)
+            elif pattern.kind == Kind.PATH:
+                self._path_at.setdefault(pattern.text, []).append(index)
+            elif pattern.kind != Kind.NEVER:
+                others.append((index, pattern))
+        self._others = tuple(reversed(others))
 
     @classmethod
     def _groups(cls, patterns) -> tuple[re.Pattern[str], ...]:
@@ -506,32 +552,62 @@ class PatternList:
                     return True
         return False
 
-    def verdict(self, path: str, strip: int, name: str, is_dir: bool) -> bool | None:
+    def verdict(self, path: str, strip: int, name: str, is_dir: bool,
+                budget: MatchBudget | None = None) -> bool | None:
         """Whether the last pattern matching ``path[strip:]`` (the path below the patterns'
-        directory) ignores it (True) or re-includes it (False); None when none matches."""
+        directory) ignores it (True) or re-includes it (False); None when none matches. What it
+        takes beyond the set lookups is charged to ``budget``."""
         # The quick test inlined: this runs for every entry of every scan.
-        if not (name in self._names or (self._suffixes and name.endswith(self._suffixes))
-                or (self._prefixes and name.startswith(self._prefixes))):
-            if not self._name_regexes and not self._has_path_patterns:
-                return None
-            if not self.may_match(path[strip:], name):
-                return None
-        path = path[strip:]
-        for pattern in reversed(self.patterns):
+        listed = (name in self._names or (self._suffixes and name.endswith(self._suffixes))
+                  or (self._prefixes and name.startswith(self._prefixes)))
+        if not listed and not self._name_regexes and not self._has_path_patterns:
+            return None
+        if budget is None:
+            return self._verdict(path[strip:], name, is_dir, listed)
+        started = time.thread_time()
+        try:
+            return self._verdict(path[strip:], name, is_dir, listed)
+        finally:
+            budget.charge(time.thread_time() - started)
+
+    def _verdict(self, path: str, name: str, is_dir: bool, listed: bool) -> bool | None:
+        if not listed and not self.may_match(path, name):
+            return None
+        # The last pattern that applies and matches: the last literal one found by lookup, then
+        # any other after it.
+        patterns = self.patterns
+        last = -1
+        for at in (self._name_at.get(name), self._path_at.get(path)):
+            for index in reversed(at or ()):
+                if index <= last:
+                    break
+                if is_dir or not patterns[index].dir_only:
+                    last = index
+                    break
+        for index, pattern in self._others:
+            if index <= last:
+                break
             if pattern.dir_only and not is_dir:
                 continue
             if pattern.matches(path, name):
-                return not pattern.negative
-        return None
+                last = index
+                break
+        return None if last < 0 else not patterns[last].negative
 
 
 def parse_lines(lines: list[tuple[int, bytes]]) -> PatternList:
     patterns: list[Pattern] = []
     problems: list[Problem] = []
+    wildcards = 0
     for number, line in lines:
         if len(patterns) == MAX_PATTERNS_PER_FILE:
             problems.append(Problem(number, f"more than {MAX_PATTERNS_PER_FILE} patterns: this line and the "
                                             "ones after it are ignored"))
+            break
+        wildcards += line.count(b"*") + line.count(b"?") + line.count(b"[")
+        if wildcards > MAX_WILDCARDS_PER_FILE:
+            problems.append(Problem(number, f"more than {MAX_WILDCARDS_PER_FILE} wildcards (*, ?, [) in the "
+                                            "patterns so far: this line and the ones after it are ignored"))
             break
         pattern = parse_pattern(line)
         if len(line) > MAX_PATTERN_BYTES:

@@ -15,7 +15,15 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from checkpointd.core.capture.gitignore import PatternList, parse_configured, parse_file, path_text
+from checkpointd.core.capture.gitignore import (
+    MatchBudget,
+    MatchBudgetExhausted,
+    PatternList,
+    parse_configured,
+    parse_file,
+    path_text,
+)
+from checkpointd.core.kernel.errors import FailedPrecondition, Reason
 
 NEVER_CAPTURED = frozenset({".git"})
 GITIGNORE = ".gitignore"
@@ -47,8 +55,10 @@ class IgnoreRules:
         self._per_dir: dict[str, PatternList | None] = {}
         self._excluded = frozenset(excluded_paths)
         #: directory -> the pattern lists that decide for its entries, deepest .gitignore first, each
-        #: with the bytes of a path before the part it sees ('' or 'a/b/')
-        self._chains: dict[str, tuple[tuple[PatternList, int], ...]] = {}
+        #: with the bytes of a path before the part it sees ('' or 'a/b/') and where it comes from
+        self._chains: dict[str, tuple[tuple[PatternList, int, str], ...]] = {}
+        #: What matching may cost (see MatchBudget): no workspace's patterns hold a core for long.
+        self.budget = MatchBudget()
         #: .gitignore path -> size, for those too large to be read (their patterns are not applied).
         self.unapplied: dict[str, int] = {}
 
@@ -68,15 +78,18 @@ class IgnoreRules:
             self._per_dir[directory] = patterns if patterns else None
         return self._per_dir[directory]
 
-    def _chain(self, directory: str) -> tuple[tuple[PatternList, int], ...]:
+    def _chain(self, directory: str) -> tuple[tuple[PatternList, int, str], ...]:
         chain = self._chains.get(directory)
         if chain is None:
             own = self._dir_patterns(directory)
-            mine = ((own, len(os.fsencode(directory)) + 1 if directory else 0),) if own is not None else ()
+            source = f"{directory}/{GITIGNORE}" if directory else GITIGNORE
+            mine = (((own, len(os.fsencode(directory)) + 1 if directory else 0, source),)
+                    if own is not None else ())
             if directory:
                 chain = mine + self._chain(directory.rpartition("/")[0])
             else:
-                chain = mine + (((self._configured, 0),) if self._configured is not None else ())
+                chain = mine + (((self._configured, 0, "core.snapshot.ignore_patterns"),)
+                                if self._configured is not None else ())
             self._chains[directory] = chain
         return chain
 
@@ -90,6 +103,7 @@ class IgnoreRules:
         self._per_dir.pop(directory, None)
         self.unapplied.pop(f"{directory}/{GITIGNORE}" if directory else GITIGNORE, None)
         self._chains.clear()
+        self.budget = MatchBudget()
 
     def ignores_entry(self, path: str, is_dir: bool) -> bool:
         """Whether ``path`` itself is ignored, assuming its parent directory is not."""
@@ -104,8 +118,18 @@ class IgnoreRules:
         if not path.isascii():
             path = path_text(path)
             name = path.rpartition("/")[2]
-        for patterns, strip in chain:
-            verdict = patterns.verdict(path, strip, name, is_dir)
+        budget = self.budget
+        budget.entries += 1
+        for patterns, strip, source in chain:
+            try:
+                verdict = patterns.verdict(path, strip, name, is_dir, budget)
+            except MatchBudgetExhausted:
+                raise FailedPrecondition(
+                    Reason.IGNORE_RULES_TOO_COSTLY,
+                    f"matching the ignore patterns took {budget.spent:.1f} s of CPU for {budget.entries} paths, "
+                    f"more than any real pattern file needs; {source} was being matched: simplify its patterns "
+                    "(a few thousand plain ones are fine; hundreds of stars in a pattern are not)",
+                    path=source) from None
             if verdict is not None:
                 return verdict
         return False
