@@ -6,8 +6,6 @@ plain tests now."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,30 +14,11 @@ import grpc
 import pytest
 from ulid import ULID
 
-import tests.conftest as suite
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from tests.conftest import CHECKPOINTD
+from tests.conftest import CHECKPOINTD, free_port
 from tests.helpers import error_info
 from tests.ops.conftest import run_cli
-
-
-@pytest.fixture(autouse=True)
-def ports_in_the_review_range(monkeypatch):
-    """Servers of this file listen on ports 30000-30999 (shared machine: other runs use the rest)."""
-    def free_port() -> int:
-        for _ in range(1000):
-            port = random.randrange(30000, 31000)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-        raise RuntimeError("no free port in 30000-30999")
-
-    monkeypatch.setattr(suite, "free_port", free_port)
-    return free_port
 
 
 def _serve(args: list[str], wait: float) -> tuple[int | None, str]:
@@ -61,12 +40,12 @@ def _serve(args: list[str], wait: float) -> tuple[int | None, str]:
 # serve: a data directory that exists but cannot be written
 # --------------------------------------------------------------------------------------------
 
-def test_a_data_dir_where_nothing_can_be_created_is_one_line(ports_in_the_review_range):
+def test_a_data_dir_where_nothing_can_be_created_is_one_line():
     """Found by the edge sweep and fixed since (kept as a regression test): serve on an existing data directory
     where no file can be created (/proc/self here; a read-only mount does the same) dies with a Python
     traceback from datadir_lock.py:53 (os.open of checkpointd.db.serving.lock, via server.py:242) instead of
     one 'checkpointd serve: error: ...' line and exit 2"""
-    code, out = _serve(["--data-dir", "/proc/self", "--listen", f"127.0.0.1:{ports_in_the_review_range()}"], 60)
+    code, out = _serve(["--data-dir", "/proc/self", "--listen", f"127.0.0.1:{free_port()}"], 60)
     assert code == 2, out
     assert "Traceback" not in out, out
     assert "data dir" in out or "data directory" in out, out
@@ -77,12 +56,12 @@ def test_a_data_dir_where_nothing_can_be_created_is_one_line(ports_in_the_review
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["inf", "nan"])
-def test_a_gc_interval_that_is_not_a_finite_number_is_refused(tmp_path, ports_in_the_review_range, value):
+def test_a_gc_interval_that_is_not_a_finite_number_is_refused(tmp_path, value):
     """Found by the edge sweep and fixed since (kept as a regression test): serve_options.py:72 seconds()
     accepts inf and nan: --gc-interval inf starts a server whose maintenance thread dies with a traceback
     (OverflowError: timestamp out of range, server.py:395), --gc-interval nan starts one that silently never
     collects; both should be refused like --gc-interval -1"""
-    code, out = _serve(["--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{ports_in_the_review_range()}",
+    code, out = _serve(["--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{free_port()}",
                         "--workspace-root", str(tmp_path), "--gc-interval", value], 20)
     assert "Traceback" not in out, out
     assert code == 2, out

@@ -57,18 +57,22 @@ def reference(files: dict[str, str], configured: list[str], path: str, is_dir: b
     return False
 
 
+def _agrees_on_random_paths(rng: random.Random, files: dict[str, str], configured: list[str], paths: int,
+                            depth: int, dirs: float) -> None:
+    rules = IgnoreRules(configured, files.get)
+    for _ in range(paths):
+        path = "/".join(rng.choice(NAMES) for _ in range(rng.randint(1, depth)))
+        is_dir = rng.random() < dirs
+        assert rules.ignores_path(path, is_dir) == reference(files, configured, path, is_dir), (
+            files, configured, path, is_dir)
+
+
 def test_fast_path_agrees_with_asking_each_pattern():
     rng = random.Random(4)
     for _ in range(60):
         dirs = ["", "a", "sub", "a/b", "foo", "deep"]
         files = {d: "\n".join(rng.sample(PATTERNS, rng.randint(0, 5))) for d in dirs if rng.random() < 0.6}
-        configured = rng.sample(PATTERNS, rng.randint(0, 3))
-        rules = IgnoreRules(configured, files.get)
-        for _ in range(80):
-            path = "/".join(rng.choice(NAMES) for _ in range(rng.randint(1, 4)))
-            is_dir = rng.random() < 0.4
-            assert rules.ignores_path(path, is_dir) == reference(files, configured, path, is_dir), (
-                files, configured, path, is_dir)
+        _agrees_on_random_paths(rng, files, rng.sample(PATTERNS, rng.randint(0, 3)), 80, 4, 0.4)
 
 
 def test_each_pattern_alone_agrees_with_asking_it():
@@ -105,13 +109,7 @@ def test_literal_lookups_agree_with_asking_each_pattern():
         dirs = ["", "a", "sub"]
         files = {d: "\n".join(rng.choices(LITERALS + PATTERNS, k=rng.randint(0, 14))) for d in dirs
                  if rng.random() < 0.7}
-        configured = rng.choices(LITERALS, k=rng.randint(0, 4))
-        rules = IgnoreRules(configured, files.get)
-        for _ in range(60):
-            path = "/".join(rng.choice(NAMES) for _ in range(rng.randint(1, 3)))
-            is_dir = rng.random() < 0.5
-            assert rules.ignores_path(path, is_dir) == reference(files, configured, path, is_dir), (
-                files, configured, path, is_dir)
+        _agrees_on_random_paths(rng, files, rng.choices(LITERALS, k=rng.randint(0, 4)), 60, 3, 0.5)
 
 
 def test_thousands_of_plain_names_cost_a_lookup_per_path():

@@ -47,15 +47,6 @@ def test_a_source_whose_read_fails_is_unreadable_and_leaves_nothing_staged(store
     assert {p.name for p in tmp_path.rglob("*")} == staged_before, "a staged file was left behind"
 
 
-@pytest.fixture
-def plan(tmp_path: Path) -> Iterator[Plan]:
-    opened = Plan(tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
 def _failing_reads_of(name: str, monkeypatch) -> None:
     """Every read, by the store, of a file named ``name`` fails with EIO."""
     real = content_store_module._read_all

@@ -1,4 +1,4 @@
-"""The ``plan`` fixture of the rollback attack tests: one engine, one plan, one workspace."""
+"""The ``plan`` fixture of the in-process rollback and store tests: one engine, one plan, one workspace."""
 
 from __future__ import annotations
 
