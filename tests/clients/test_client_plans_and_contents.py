@@ -92,6 +92,7 @@ def test_format_patch_renders_text_binary_and_colour(checkpointd: Checkpointd, w
     (workspace / "b.bin").write_bytes(b"\0\0")
     (workspace / "a.txt").chmod(0o600)
     changes = client.diff_checkpoints(base.checkpoint_id, text_diffs=True)
+    assert changes.omitted == 0 and isinstance(changes, list)
     assert format_patch(changes) == (
         "diff --checkpointd a/a.txt b/a.txt\nold mode 644\nnew mode 600\n--- a/a.txt\n+++ b/a.txt\n"
         "@@ -1,2 +1,2 @@\n one\n-two\n+2\n"

@@ -71,7 +71,8 @@ const SERVICE_CONFIG = JSON.stringify({
  * @property {number} fileCount
  * @property {number} totalSizeBytes
  * @property {number} stateSizeBytes
- * @property {SkippedFile[]} skippedFiles
+ * @property {SkippedFile[]} skippedFiles At most 1,000 (and 64 KiB of paths).
+ * @property {number} skippedFilesOmitted How many more were skipped than skippedFiles lists.
  * @property {string} treeDigest "sha256:<hex>".
  * @property {string} rollbackTargetCheckpointId
  * @property {Buffer} state Empty unless view "full" or from a rollback.
@@ -320,7 +321,8 @@ class CheckpointdClient {
    * @param {boolean} [options.textDiffs] Also return each changed text file's unified diff
    *   (`textDiff`, with `textDiffStatus` "text", "binary", "too_large", "not_a_file" or "unreadable").
    * @param {number} [options.deadlineMs]
-   * @returns {Promise<FileChange[]>}
+   * @returns {Promise<FileChange[] & {omitted: number}>} The changes listed (up to 16 MiB of them), and
+   *   as `omitted` how many more paths differ (ask again with `paths` to see them).
    */
   async diffCheckpoints(baseCheckpointId, options = {}) {
     const request = {
@@ -331,7 +333,9 @@ class CheckpointdClient {
       textDiffs: options.textDiffs ?? false,
     };
     const response = await this.unary(this.checkpoints, 'DiffCheckpoints', request, options);
-    return response.changes.map((c) => this.toFileChange(c));
+    const changes = response.changes.map((c) => this.toFileChange(c));
+    changes.omitted = Number(response.changesOmitted ?? 0);
+    return changes;
   }
 
   /**
@@ -366,6 +370,7 @@ class CheckpointdClient {
     const response = await this.unary(this.checkpoints, 'Rollback', request, options);
     return {
       changes: response.changes.map((c) => this.toFileChange(c)),
+      changesOmitted: Number(response.changesOmitted ?? 0),
       state: response.state,
       safetyCheckpoint: response.safetyCheckpoint ? this.toCheckpoint(response.safetyCheckpoint) : null,
       dryRun: response.dryRun,

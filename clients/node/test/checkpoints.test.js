@@ -118,6 +118,7 @@ for (const transport of ['tcp', 'unix']) {
       const changes = await client.diffCheckpoints(base.checkpointId, { targetCheckpointId: target.checkpointId });
       const byPath = Object.fromEntries(changes.map((c) => [c.path, c]));
       assert.deepEqual(changes.map((c) => c.path), ['added.txt', 'change.txt', 'remove.txt']);
+      assert.equal(changes.omitted, 0);
       assert.equal(byPath['added.txt'].kind, 'added');
       assert.equal(byPath['added.txt'].baseType, null);
       assert.equal(byPath['added.txt'].targetType, 'file');
@@ -154,6 +155,8 @@ for (const transport of ['tcp', 'unix']) {
 
       const done = await client.rollback(planId, good.checkpointId);
       assert.equal(done.dryRun, false);
+      assert.equal(done.changesOmitted, 0);
+      assert.equal(done.safetyCheckpoint.skippedFilesOmitted, 0);
       assert.equal(done.state.toString(), 'state-1');
       assert.equal(fs.readFileSync(path.join(workspace, 'a.txt'), 'utf8'), 'version 1');
       assert.equal(fs.readFileSync(path.join(workspace, 'dir', 'b.txt'), 'utf8'), 'bee');
