@@ -183,7 +183,8 @@ def test_bearer_token_travels_as_authorization_metadata(fault_proxy, plan_id: st
     assert sent == ["Bearer s3cret", None]
 
 
-@pytest.mark.parametrize("address", ["localhost", "unix:relative.sock", "unix://relative.sock", ":50051", "h:port"])
+@pytest.mark.parametrize("address", ["localhost", "unix:relative.sock", "unix://relative.sock", ":50051", "h:port",
+                                     "[::1]:99999", "localhost:0"])
 def test_malformed_targets_are_refused_before_dialing(address: str) -> None:
     with pytest.raises(ValueError, match="target"):
         validate_target(address)

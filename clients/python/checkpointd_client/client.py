@@ -92,6 +92,8 @@ def validate_target(target: str) -> str:
     host, separator, port = target.rpartition(":")
     if not separator or not host or not port.isdigit():
         raise ValueError(f"target must be host:port or unix:///absolute/path, got {target!r}")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"target {target!r}: a port is a number from 1 to 65535")
     return target
 
 
