@@ -78,7 +78,9 @@ def put(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> None:
 
 def _put_once(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> None:
     with db.session() as session:
-        if session.get(CheckpointRow, checkpoint_id) is None:
+        # Locked (PostgreSQL): concurrent puts to one checkpoint take turns, so none of them
+        # counts the total without the others' rows (MAX_CHECKPOINT_BYTES).
+        if session.get(CheckpointRow, checkpoint_id, with_for_update=True) is None:
             raise _not_found(checkpoint_id)
         for write in writes:
             row = session.get(PendingWriteRow, (checkpoint_id, write.task_id, write.index))
