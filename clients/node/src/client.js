@@ -307,7 +307,9 @@ class CheckpointdClient {
   async deleteCheckpoints(options = {}) {
     const { planId = '', filter = '' } = options;
     const response = await this.unary(this.checkpoints, 'DeleteCheckpoints', { planId, filter }, options);
-    return response.checkpoints;
+    const deleted = response.checkpoints;
+    deleted.omitted = Number(response.checkpointsOmitted ?? 0); // listed up to 32 MiB, the rest counted
+    return deleted;
   }
 
   /**

@@ -154,13 +154,21 @@ def new_request_id() -> str:
     return str(uuid.uuid4())
 
 
-class FileChanges(list):
-    """The changes a diff lists (a list of `FileChange`), and `omitted`: how many more paths
-    differ than the server listed (it lists up to 16 MiB of changes; ask again with `paths`)."""
+ListedItem = TypeVar("ListedItem")
 
-    def __init__(self, changes: Iterable[FileChange] = (), *, omitted: int = 0) -> None:
-        super().__init__(changes)
+
+class Listed(list[ListedItem]):
+    """What an answer lists, and `omitted`: how many more there were than it lists (an answer is
+    kept within gRPC's message size: a diff lists up to 16 MiB of changes, ask again with `paths`;
+    a bulk deletion up to 32 MiB of the checkpoints it deleted)."""
+
+    def __init__(self, items: Iterable[ListedItem] = (), *, omitted: int = 0) -> None:
+        super().__init__(items)
         self.omitted = omitted
+
+
+#: A diff's changes (``Listed``).
+FileChanges = Listed
 
 
 class _RpcCaller:
@@ -266,11 +274,12 @@ class CheckpointClient:
 
     def delete_checkpoints(
         self, *, plan_id: str = "", filter_expr: str = "", timeout: float | None = None
-    ) -> list[Checkpoint]:
+    ) -> Listed[Checkpoint]:
         """Delete every checkpoint the AIP-160 filter selects, in one plan or (no plan_id) in every
-        plan; returns those deleted, without state."""
+        plan; returns those deleted, without state (up to 32 MiB of them; `.omitted` counts the rest)."""
         request = checkpoint_service_pb2.DeleteCheckpointsRequest(plan_id=plan_id, filter=filter_expr)
-        return list(self._rpc.unary("DeleteCheckpoints", self._stub.DeleteCheckpoints, request, timeout).checkpoints)
+        response = self._rpc.unary("DeleteCheckpoints", self._stub.DeleteCheckpoints, request, timeout)
+        return Listed(response.checkpoints, omitted=response.checkpoints_omitted)
 
     def put_pending_writes(
         self, checkpoint_id: str, writes: Sequence[checkpoint_service_pb2.PendingWrite], *, timeout: float | None = None

@@ -39,7 +39,10 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
 
     def ListCheckpoints(self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext):
         found, token = self.checkpoints.list(request.plan_id, request.page_size, request.page_token, request.filter)
-        return pb.ListCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in found], next_page_token=token)
+        listed, cut = convert.checkpoints(found)
+        if cut:  # the page ends early, where its answer is full
+            token = self.checkpoints.page_token_after(request.plan_id, request.filter, found[len(listed) - 1])
+        return pb.ListCheckpointsResponse(checkpoints=listed, next_page_token=token)
 
     def DeleteCheckpoint(self, request: pb.DeleteCheckpointRequest, context: grpc.ServicerContext):
         self.checkpoints.delete(request.checkpoint_id)
@@ -75,7 +78,8 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
 
     def DeleteCheckpoints(self, request: pb.DeleteCheckpointsRequest, context: grpc.ServicerContext):
         deleted = self.checkpoints.delete_matching(request.plan_id, request.filter)
-        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
+        listed, omitted = convert.checkpoints(deleted)
+        return pb.DeleteCheckpointsResponse(checkpoints=listed, checkpoints_omitted=omitted)
 
     def PutPendingWrites(self, request: pb.PutPendingWritesRequest, context: grpc.ServicerContext):
         self.checkpoints.put_pending_writes(request.checkpoint_id, [
@@ -210,7 +214,8 @@ class AsyncCheckpointServicer(CheckpointServicer):
         for plan in plans:
             deleted += await self.checkpoints.plan_locks.run(
                 self._in_thread, self.checkpoints.delete_in_plan, plan, wanted, plan_id=plan)
-        return pb.DeleteCheckpointsResponse(checkpoints=[convert.checkpoint(c) for c in deleted])
+        listed, omitted = convert.checkpoints(deleted)
+        return pb.DeleteCheckpointsResponse(checkpoints=listed, checkpoints_omitted=omitted)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:

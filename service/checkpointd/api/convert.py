@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -25,6 +25,8 @@ from checkpointd.core.maintenance.fsck import FindingKind, FsckReport
 from checkpointd.core.store.tree import Change, Entry, EntryKind
 
 E = TypeVar("E", bound=enum.Enum)
+T = TypeVar("T")
+M = TypeVar("M")
 
 
 def _enum_table(proto_enum: Any, prefix: str, domain: type[E]) -> dict[int, E]:
@@ -104,34 +106,48 @@ def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
 #: A response lists changes up to this many bytes of them (gRPC's send limit is 64 MiB; a
 #: rollback's answer also holds a state and its safety checkpoint); the rest are counted.
 LISTED_CHANGES_BYTES = 16 << 20
-#: A checkpoint message lists at most this many skipped files, and this many bytes of their
-#: paths: a page of 1,000 checkpoints must still fit in one message.
+#: A list of checkpoints (a ListCheckpoints page, a DeleteCheckpoints answer) up to this many
+#: bytes: a checkpoint's labels, description and skipped files can take ~100 KB, so 1,000 of them
+#: would not fit in one message; a page ends early (with its token), a deletion counts the rest.
+LISTED_CHECKPOINTS_BYTES = 32 << 20
+#: A checkpoint message lists at most this many skipped files, and this many bytes of them.
 LISTED_SKIPPED = 1000
-LISTED_SKIPPED_PATH_BYTES = 64 << 10
+LISTED_SKIPPED_BYTES = 32 << 10
+
+
+def bounded(items: Iterable[T], to_message: Callable[[T], M], budget: int, total: int) -> tuple[list[M], int]:
+    """The messages of the first ``items`` that fit in ``budget`` bytes (the first always, so a
+    page moves on), and how many of ``total`` are left out."""
+    listed: list[M] = []
+    size = 0
+    for item in items:
+        message = to_message(item)
+        size += message.ByteSize()
+        if size > budget and listed:
+            break
+        listed.append(message)
+    return listed, total - len(listed)
 
 
 def changes(found: Sequence[Change], texts: Mapping[str, TextDiff] | None = None) -> tuple[list[pb.FileChange], int]:
     """The first of ``found`` as messages, up to ``LISTED_CHANGES_BYTES``, and how many are left out."""
-    listed: list[pb.FileChange] = []
-    size = 0
-    for c in found:
-        message = change(c, texts.get(c.path) if texts else None)
-        size += message.ByteSize()
-        if size > LISTED_CHANGES_BYTES:
-            break
-        listed.append(message)
-    return listed, len(found) - len(listed)
+    return bounded(found, lambda c: change(c, texts.get(c.path) if texts else None), LISTED_CHANGES_BYTES,
+                   len(found))
+
+
+def checkpoints(found: Sequence[Checkpoint]) -> tuple[list[pb.Checkpoint], int]:
+    """The first of ``found`` as messages, up to ``LISTED_CHECKPOINTS_BYTES``, and how many are left out."""
+    return bounded(found, checkpoint, LISTED_CHECKPOINTS_BYTES, len(found))
+
+
+def _skipped_file(skipped: list) -> pb.SkippedFile:
+    p, size, reason = skipped
+    return pb.SkippedFile(path=text(p), raw_path=raw_path(p), size_bytes=size, reason=reason)
 
 
 def _skipped(skipped: list) -> tuple[list[pb.SkippedFile], int]:
-    listed: list[pb.SkippedFile] = []
-    path_bytes = 0
-    for p, size, reason in skipped[:LISTED_SKIPPED]:
-        path_bytes += len(p)
-        if path_bytes > LISTED_SKIPPED_PATH_BYTES:
-            break
-        listed.append(pb.SkippedFile(path=text(p), raw_path=raw_path(p), size_bytes=size, reason=reason))
-    return listed, len(skipped) - len(listed)
+    # One skipped file is at most ~20 KB (a 4 KiB path not UTF-8: escaped and raw): the first fits.
+    return bounded(skipped[:LISTED_SKIPPED], _skipped_file, LISTED_SKIPPED_BYTES, len(skipped))
 
 
 def checkpoint(cp: Checkpoint) -> pb.Checkpoint:

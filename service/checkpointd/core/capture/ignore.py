@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -72,11 +73,32 @@ class IgnoreRules:
                 content = None
             if isinstance(content, str):
                 content = content.encode("utf-8", "surrogateescape")
-            patterns = parse_file(content) if content else None
+            patterns = self._parsed(content, source) if content else None
             if patterns is not None:
                 _report(source, patterns)
             self._per_dir[directory] = patterns if patterns else None
         return self._per_dir[directory]
+
+    def _parsed(self, content: bytes, source: str) -> PatternList:
+        """``content``'s patterns; building them (a regex per wildcard pattern) is charged to the
+        budget as matching is: a workspace of many costly files is refused as one costly file is."""
+        started = time.thread_time()
+        try:
+            return parse_file(content)
+        finally:
+            try:
+                self.budget.charge(time.thread_time() - started)
+            except MatchBudgetExhausted:
+                raise self._too_costly(source) from None
+
+    def _too_costly(self, source: str) -> FailedPrecondition:
+        budget = self.budget
+        return FailedPrecondition(
+            Reason.IGNORE_RULES_TOO_COSTLY,
+            f"reading and matching the ignore patterns took {budget.spent:.1f} s of CPU for {budget.entries} "
+            f"paths, more than any real pattern file needs; {source} was being read or matched: simplify its "
+            "patterns (a few thousand plain ones are fine; hundreds of wildcards in a pattern are not)",
+            path=source)
 
     def _chain(self, directory: str) -> tuple[tuple[PatternList, int, str], ...]:
         chain = self._chains.get(directory)
@@ -124,12 +146,7 @@ class IgnoreRules:
             try:
                 verdict = patterns.verdict(path, strip, name, is_dir, budget)
             except MatchBudgetExhausted:
-                raise FailedPrecondition(
-                    Reason.IGNORE_RULES_TOO_COSTLY,
-                    f"matching the ignore patterns took {budget.spent:.1f} s of CPU for {budget.entries} paths, "
-                    f"more than any real pattern file needs; {source} was being matched: simplify its patterns "
-                    "(a few thousand plain ones are fine; hundreds of stars in a pattern are not)",
-                    path=source) from None
+                raise self._too_costly(source) from None
             if verdict is not None:
                 return verdict
         return False

@@ -70,6 +70,9 @@ class Checkpoints:
              filter_text: str = "") -> tuple[list[Checkpoint], str]:
         return self._history.list(plan_id, page_size, page_token, filter_text)
 
+    def page_token_after(self, plan_id: str, filter_text: str, last: Checkpoint) -> str:
+        return self._history.page_token_after(plan_id, filter_text, last)
+
     def count(self, plan_id: str) -> int:
         return self._history.count(plan_id)
 

@@ -58,6 +58,11 @@ class History:
             token = self.page_tokens.issue(plan_id, filter_text, rows[-1].sequence)
         return [Checkpoint(r) for r in rows], token
 
+    def page_token_after(self, plan_id: str, filter_text: str, last: Checkpoint) -> str:
+        """The token of a ``list`` page that ends at ``last`` (a caller that answers fewer than
+        the page held, to keep its answer small)."""
+        return self.page_tokens.issue(validation.plan_id(plan_id), filter_text, last.row.sequence)
+
     def count(self, plan_id: str) -> int:
         with self.parts.db.session() as session:
             return session.exec(select(func.count()).where(CheckpointRow.plan_id == plan_id)).one()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlalchemy import LargeBinary, cast
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, func, select
 
@@ -91,10 +92,10 @@ def _put_once(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> N
                 write.channel, write.value_type, write.value, write.task_path)
             session.add(row)
         session.flush()
+        size = _bytes_in_sqlite if db.is_sqlite else func.octet_length
         held = session.exec(select(func.coalesce(func.sum(
-            func.length(PendingWriteRow.value) + func.length(PendingWriteRow.channel)
-            + func.length(PendingWriteRow.task_id) + func.length(PendingWriteRow.value_type)
-            + func.length(PendingWriteRow.task_path)), 0)).where(
+            size(PendingWriteRow.value) + size(PendingWriteRow.channel) + size(PendingWriteRow.task_id)
+            + size(PendingWriteRow.value_type) + size(PendingWriteRow.task_path)), 0)).where(
             PendingWriteRow.checkpoint_id == checkpoint_id)).one()
         if held > MAX_CHECKPOINT_BYTES:
             session.rollback()
@@ -103,6 +104,11 @@ def _put_once(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> N
                                     f"{MAX_CHECKPOINT_BYTES}; nothing of this put was recorded",
                                     checkpoint_id=checkpoint_id, limit=MAX_CHECKPOINT_BYTES)
         session.commit()
+
+
+def _bytes_in_sqlite(column):
+    """A column's size in bytes (SQLite's length() of text counts characters; of a blob, bytes)."""
+    return func.length(cast(column, LargeBinary))
 
 
 def list_for(db: Database, checkpoint_id: str) -> list[PendingWrite]:
