@@ -34,7 +34,7 @@ from sqlalchemy.engine import make_url
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2_grpc, config_service_pb2_grpc
-from tests.helpers import skip_unless_ci
+from tests.helpers import dump_stacks_then_kill, skip_unless_ci
 
 CHECKPOINTD = str(Path(sys.executable).with_name("checkpointd"))
 #: PostgreSQL server the whole suite runs on when set; SQLite files in each data dir otherwise.
@@ -130,8 +130,9 @@ class RunningServer:
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                dump_stacks_then_kill(self.process)
+                print(f"the server did not stop within 30s of {signal.Signals(sig).name}; its log ends:\n{self.log()}",
+                      file=sys.stderr)
         code, self.process = self.process.returncode, None
         return code
 

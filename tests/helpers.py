@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +72,16 @@ def interruptible(command: list[str]) -> list[str]:
     the test process, whose gRPC threads' fork handlers then race ``close_fds`` in the child, which
     dies of SIGABRT ("epoll_wait error: Bad file descriptor") before it execs (seen under load)."""
     return ["env", "--default-signal=INT", *command]
+
+
+def dump_stacks_then_kill(process: subprocess.Popen) -> None:
+    """For a server process that did not stop: asks it for its threads' stacks (``serve`` dumps
+    them to its log on SIGUSR1), then kills it, so the failure says where it was stuck."""
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+    process.kill()
+    process.wait()
 
 
 def skip_unless_ci(reason: str, *, allow_module_level: bool = False) -> NoReturn:

@@ -112,21 +112,43 @@ def server_settings(args: argparse.Namespace):
     )
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, pending: list[int]) -> int:
+    """Runs the server until a drain signal; ``pending`` holds the drain signals noted so far.
+
+    Until the server has started, a drain signal is only noted, and acted on once it has been
+    built: a KeyboardInterrupt can land in a finalizer or a weakref callback (SQLAlchemy has some;
+    the heap freeze runs collections), where Python prints "Exception ignored" with a traceback
+    and goes on, and the server then started and served as if Ctrl-C had never been pressed (2
+    runs in 400). Building can wait (a database that takes no connection, another replica's
+    migration lock): a second signal then interrupts it."""
+    from checkpointd.commands.failures import INTERRUPTED_EXIT
     from checkpointd.core.kernel import heap
     from checkpointd.logging_setup import LogFormat
     from checkpointd.logging_setup import configure as configure_logging
     from checkpointd.server import CheckpointdServer
 
+    def note_while_building(received: int, _frame) -> None:
+        pending.append(received)
+        if len(pending) > 1:
+            raise KeyboardInterrupt
+        # os.write: a signal handler may run in the middle of a print to the same stream.
+        os.write(2, f"checkpointd serve: {signal.Signals(received).name} while starting: stopping once the "
+                    "server is built (send it again to stop at once)\n".encode())
+
     configure_logging(args.log_level, LogFormat(args.log_format))
     settings = server_settings(args)
-    server = CheckpointdServer(settings)
-    # From here on, the drain signals are only noted until the server has started (a KeyboardInterrupt
-    # raised inside the heap freeze's collection would be swallowed there as "Exception ignored"),
-    # then they drain it like any later one.
-    pending: list[int] = []
+    dump_stacks_on_request()
+    for signum in _drain_signals():
+        signal.signal(signum, note_while_building)
+    server = None if pending else CheckpointdServer(settings)
     for signum in _drain_signals():
         signal.signal(signum, lambda received, _frame: pending.append(received))
+    if pending:
+        if server is not None:
+            server.stop(0)  # built, never listened: nothing to drain
+        print(f"checkpointd serve: {signal.Signals(pending[0]).name} while starting; stopped before serving",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT
     # What the server has built lives as long as the process: out of the collector's sight.
     heap.freeze_startup_heap()
     server.start()
@@ -140,6 +162,17 @@ def serve(args: argparse.Namespace) -> int:
               f"workspace roots {' '.join(settings.workspace_roots)}", flush=True)
     server.wait()
     return 1 if server.teardown_failed else 0
+
+
+def dump_stacks_on_request() -> None:
+    """``kill -USR1`` writes every thread's stack to stderr (the log), the server going on: what
+    an operator (or a test) asks of a server that does not answer or does not stop. Done by
+    faulthandler in C, so it answers even when no Python thread can run."""
+    import faulthandler
+
+    usr1 = getattr(signal, "SIGUSR1", None)  # none on Windows
+    if usr1 is not None:
+        faulthandler.register(usr1, all_threads=True, chain=False)
 
 
 def install_signal_handlers(server):
@@ -164,9 +197,11 @@ def _drain_signals() -> tuple[signal.Signals, ...]:
 def main(argv: list[str] | None = None) -> int:
     # Ctrl-C is only noted while modules load and the arguments are parsed (a KeyboardInterrupt
     # raised in the middle of an import can land in a garbage collector callback, where Python
-    # prints it as a traceback and goes on), and acted on once that is done.
+    # prints it as a traceback and goes on), and acted on once that is done. ``serve`` goes on
+    # noting every drain signal until its server has started (see serve).
     pressed: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    serving = False
     try:
         from checkpointd.commands.failures import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
         from checkpointd.serve_options import STARTUP_ERRORS
@@ -174,20 +209,24 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command == "serve":
+            for signum in _drain_signals():
+                signal.signal(signum, lambda received, _frame: pressed.append(received))
+            serving = True
             import checkpointd.server  # noqa: F401  (seconds of imports, before anything starts)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if not serving:
+            signal.signal(signal.SIGINT, previous)
     if pressed:
         print(f"checkpointd: interrupted while loading, {NOTHING_CHANGED}", file=sys.stderr)
         return INTERRUPTED_EXIT
     try:
         if args.command == "serve":
             try:
-                return serve(args)
+                return serve(args, pressed)
             except STARTUP_ERRORS as exc:
                 parser.exit(2, f"checkpointd serve: error: {exc}\n")
             except KeyboardInterrupt:
-                # Before the signal handlers are in place: start-up is cut short, no call was served.
+                # A second signal while the server was being built (see serve): no call was served.
                 print("checkpointd serve: interrupted while starting", file=sys.stderr)
                 return INTERRUPTED_EXIT
         code = args.run(args)

@@ -89,6 +89,9 @@ RESERVED_THREADS = 8
 STOP_SLACK_SECONDS = 2.0
 #: How long the calls cut off at the end of the grace period get to send their UNAVAILABLE.
 CUT_OFF_ANSWER_SECONDS = 1.0
+#: How long a drain waits for the event loop to flip health, or to stop, before it goes on: a
+#: drain always ends, whatever holds the loop.
+LOOP_ANSWER_SECONDS = 10.0
 
 
 def plan_threads(max_workers: int) -> int:
@@ -446,7 +449,11 @@ class CheckpointdServer:
         deadline = time.monotonic() + grace
         self._stopping.set()
         try:
-            self._on_loop(self.health.enter_graceful_shutdown())
+            try:
+                self._on_loop(self.health.enter_graceful_shutdown(), timeout=LOOP_ANSWER_SECONDS)
+            except concurrent.futures.TimeoutError:
+                log.warning("the event loop did not flip health to NOT_SERVING within %.0fs; draining anyway",
+                            LOOP_ANSWER_SECONDS)
             self.drain.begin()
             self.config.wake_all()
             log.info("draining: %d call(s) in flight", self.drain.in_flight)
@@ -499,7 +506,9 @@ class CheckpointdServer:
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join()
+        self._loop_thread.join(LOOP_ANSWER_SECONDS)
+        if self._loop_thread.is_alive():
+            raise RuntimeError(f"the event loop had not stopped {LOOP_ANSWER_SECONDS:.0f}s after it was asked to")
         self._loop.close()
 
     def _teardown_error(self, step: str) -> None:

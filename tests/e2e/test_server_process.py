@@ -17,7 +17,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc
 from tests.conftest import CHECKPOINTD, free_port
-from tests.helpers import skip_unless_ci
+from tests.helpers import dump_stacks_then_kill, skip_unless_ci
 
 
 def wait_serving(target: str, process: subprocess.Popen, timeout: float = 30) -> None:
@@ -32,6 +32,17 @@ def wait_serving(target: str, process: subprocess.Popen, timeout: float = 30) ->
         except grpc.RpcError:
             time.sleep(0.1)
     raise AssertionError(f"{target} never became healthy")
+
+
+def sigterm_and_wait(process: subprocess.Popen, timeout: float = 30) -> int:
+    """SIGTERM, then the exit status; a server that has not stopped within ``timeout`` fails
+    the test with its log, stacks included (see dump_stacks_then_kill)."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        dump_stacks_then_kill(process)
+        pytest.fail(f"the server did not stop within {timeout}s of SIGTERM; its output:\n{process.stdout.read()}")
 
 
 def test_help_documents_every_serve_option():
@@ -64,8 +75,7 @@ def test_embedded_defaults_listen_on_50051_and_a_socket_in_the_data_dir(tmp_path
                 plan_id=str(ULID()), workspace_root=str(tmp_path / "work")), timeout=10).checkpoint
             assert created.has_files
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        assert sigterm_and_wait(process) == 0
 
 
 def test_environment_variables_configure_serve_and_sigterm_drains_cleanly(short_tmp):
@@ -94,8 +104,7 @@ def test_environment_variables_configure_serve_and_sigterm_drains_cleanly(short_
                                       timeout=10)
             assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        assert sigterm_and_wait(process) == 0
     assert not sock.exists()
     assert "draining" in process.stdout.read()
 

@@ -30,7 +30,7 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpoint.v1 import config_service_pb2_grpc as config_grpc
 from tests.conftest import CHECKPOINTD, RunningServer, free_port
-from tests.helpers import error_info, interruptible
+from tests.helpers import dump_stacks_then_kill, error_info, interruptible
 from tests.ops.conftest import TOKEN, server_exit, wait_until
 
 BEARER = (("authorization", f"Bearer {TOKEN}"),)
@@ -413,7 +413,11 @@ def test_sigint_once_the_database_is_created_exits_130_or_drains_without_a_trace
     try:
         wait_until(lambda: marker.exists() or process.poll() is not None, f"{marker} to appear", 60)
         process.send_signal(signal.SIGINT)
-        code = process.wait(timeout=60)
+        try:
+            code = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            dump_stacks_then_kill(process)
+            pytest.fail(f"SIGINT once the database was created did not stop the server:\n{server.log()}")
     finally:
         if process.poll() is None:
             process.kill()
@@ -439,6 +443,7 @@ def test_ctrl_c_at_any_moment_of_startup_stops_the_server(base):
             try:
                 code = process.wait(timeout=15)
             except subprocess.TimeoutExpired:
+                dump_stacks_then_kill(process)
                 pytest.fail(f"Ctrl-C {delay}s after the socket appeared did not stop the server:\n{server.log()}")
         finally:
             if process.poll() is None:
