@@ -92,9 +92,11 @@ def _put_once(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> N
                 write.channel, write.value_type, write.value, write.task_path)
             session.add(row)
         session.flush()
+        # length() of a blob is its size in bytes, read from the record's header without its
+        # content (a put must not read every value the checkpoint holds); the names are text.
         size = _bytes_in_sqlite if db.is_sqlite else func.octet_length
         held = session.exec(select(func.coalesce(func.sum(
-            size(PendingWriteRow.value) + size(PendingWriteRow.channel) + size(PendingWriteRow.task_id)
+            func.length(PendingWriteRow.value) + size(PendingWriteRow.channel) + size(PendingWriteRow.task_id)
             + size(PendingWriteRow.value_type) + size(PendingWriteRow.task_path)), 0)).where(
             PendingWriteRow.checkpoint_id == checkpoint_id)).one()
         if held > MAX_CHECKPOINT_BYTES:
@@ -107,7 +109,7 @@ def _put_once(db: Database, checkpoint_id: str, writes: list[PendingWrite]) -> N
 
 
 def _bytes_in_sqlite(column):
-    """A column's size in bytes (SQLite's length() of text counts characters; of a blob, bytes)."""
+    """A text column's size in bytes (SQLite's length() of text counts characters)."""
     return func.length(cast(column, LargeBinary))
 
 
