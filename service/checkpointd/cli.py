@@ -140,9 +140,12 @@ def serve(args: argparse.Namespace, pending: list[int]) -> int:
     dump_stacks_on_request()
     for signum in _drain_signals():
         signal.signal(signum, note_while_building)
-    server = None if pending else CheckpointdServer(settings)
-    for signum in _drain_signals():
-        signal.signal(signum, lambda received, _frame: pending.append(received))
+    try:
+        server = None if pending else CheckpointdServer(settings)
+    finally:
+        # Also when a second signal interrupted the build: a later one (while the process exits)
+        # is then only noted, not raised where Python would print it as a traceback.
+        _note_drain_signals(pending)
     if pending:
         if server is not None:
             server.stop(0)  # built, never listened: nothing to drain
@@ -189,18 +192,25 @@ def install_signal_handlers(server):
     return shutdown
 
 
+def _note_drain_signals(noted: list[int]) -> dict[int, object]:
+    """Drain signals are only appended to ``noted`` from now on; returns the handlers replaced."""
+    return {signum: signal.signal(signum, lambda received, _frame: noted.append(received))
+            for signum in _drain_signals()}
+
+
 def _drain_signals() -> tuple[signal.Signals, ...]:
     hangup = getattr(signal, "SIGHUP", None)  # none on Windows
     return (signal.SIGTERM, signal.SIGINT) + ((hangup,) if hangup is not None else ())
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Ctrl-C is only noted while modules load and the arguments are parsed (a KeyboardInterrupt
-    # raised in the middle of an import can land in a garbage collector callback, where Python
-    # prints it as a traceback and goes on), and acted on once that is done. ``serve`` goes on
-    # noting every drain signal until its server has started (see serve).
+    # Ctrl-C (and SIGTERM, SIGHUP) is only noted while modules load and the arguments are parsed
+    # (a KeyboardInterrupt raised in the middle of an import can land in a garbage collector
+    # callback, where Python prints it as a traceback and goes on), and acted on once that is
+    # done: "interrupted while loading", exit 130, whichever it was. ``serve`` goes on noting them
+    # until its server has started (see serve); the other commands get the previous handlers back.
     pressed: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    previous = _note_drain_signals(pressed)
     serving = False
     try:
         from checkpointd.commands.failures import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
@@ -209,13 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command == "serve":
-            for signum in _drain_signals():
-                signal.signal(signum, lambda received, _frame: pressed.append(received))
             serving = True
             import checkpointd.server  # noqa: F401  (seconds of imports, before anything starts)
     finally:
         if not serving:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     if pressed:
         print(f"checkpointd: interrupted while loading, {NOTHING_CHANGED}", file=sys.stderr)
         return INTERRUPTED_EXIT

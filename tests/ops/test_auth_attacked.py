@@ -397,7 +397,8 @@ def test_sigterm_during_startup_leaves_a_data_dir_and_socket_a_restart_takes(bas
     process.send_signal(signal.SIGTERM)
     code = process.wait(timeout=60)
     _no_traceback(server.log())
-    assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), (code, server.log())
+    # 130: noted while it loaded or was built, stopped before serving; -SIGTERM: before main() ran.
+    assert code in (0, 130, -signal.SIGTERM), (code, server.log())
     server.start()
     try:
         assert server.serving()
