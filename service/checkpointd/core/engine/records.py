@@ -95,4 +95,5 @@ def new_row(plan: PlanRow | KnownPlan, capture: CaptureResult | None, patterns: 
         ignore_patterns=patterns,
         excluded_paths=excluded,
         rollback_target_checkpoint_id=rollback_target_checkpoint_id,
+        pending_write_bytes=0,
     )

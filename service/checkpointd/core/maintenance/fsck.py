@@ -3,7 +3,8 @@
 What it proves, for every checkpoint row: its tree (every node, file and symlink object
 under it) and its state are in the store and hash to their names, so the checkpoint can be
 restored; its fields are in the closed vocabularies; its plan exists and its sequence is
-unique and not past the plan's counter. Every object is read back and hashed once, however
+unique and not past the plan's counter; the total of its pending writes it records is theirs
+(the limit on them is checked against it). Every object is read back and hashed once, however
 many checkpoints share it. With ``full`` it also reads every other object in the store
 (those no checkpoint references, which garbage collection would delete). The store's own
 bookkeeping is checked too (packs as long as what is indexed in them, every delta's base
@@ -33,12 +34,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlmodel import select
+from sqlmodel import col, func, select
 
 from checkpointd.core.kernel.errors import CheckpointdError, DataLoss
 from checkpointd.core.kernel.vocabulary import Phase, Trigger
 from checkpointd.core.metadata.db import Database, known_revisions
-from checkpointd.core.metadata.models import CheckpointRow, PlanRow, RollbackJournalRow
+from checkpointd.core.metadata.models import CheckpointRow, PendingWriteRow, PlanRow, RollbackJournalRow, stored_bytes
 from checkpointd.core.restore.journal import LEGACY_DIRECTORY, JournalEntry, legacy_entries
 from checkpointd.core.store.content_store import digest_bytes
 from checkpointd.core.store.tree import EMPTY_TREE, Entry, EntryKind, decode_index, decode_node, is_index
@@ -252,8 +253,21 @@ def check(db: Database, store, journal_directory: Path | None = None, full: bool
         # Rows first: a plan's counter only grows, so one read after a row is never behind it.
         rows = list(session.exec(select(CheckpointRow)).all())
         plans = {p.plan_id: p for p in session.exec(select(PlanRow)).all()}
+        # One statement, so that a put committing meanwhile is counted on both sides or neither.
+        drifted = session.exec(
+            select(CheckpointRow.checkpoint_id, CheckpointRow.pending_write_bytes,
+                   func.coalesce(func.sum(stored_bytes(db.is_sqlite)), 0))
+            .join(PendingWriteRow, col(PendingWriteRow.checkpoint_id) == col(CheckpointRow.checkpoint_id),
+                  isouter=True)
+            .group_by(col(CheckpointRow.checkpoint_id), col(CheckpointRow.pending_write_bytes))
+            .having(func.coalesce(func.sum(stored_bytes(db.is_sqlite)), 0)
+                    != col(CheckpointRow.pending_write_bytes))).all()
     report.plans = len(plans)
     report.checkpoints = len(rows)
+    for checkpoint_id, recorded, stored in drifted:
+        report.problems.append(Problem(FindingKind.BAD_ROW, checkpoint_id,
+                                       f"pending_write_bytes is {recorded}, but its pending writes total {stored} "
+                                       "bytes (a put past the limit could be accepted, or one within it refused)"))
     sequences: dict[tuple[str, int], str] = {}
     for row in rows:
         subject = row.checkpoint_id

@@ -6,8 +6,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, ForeignKey, Index, LargeBinary, String, UniqueConstraint
-from sqlmodel import Field, SQLModel
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    ColumnElement,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+    cast,
+)
+from sqlmodel import Field, SQLModel, func
 
 
 def utcnow() -> datetime:
@@ -54,6 +66,10 @@ class CheckpointRow(SQLModel, table=True):
     ignore_patterns: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     excluded_paths: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     rollback_target_checkpoint_id: str | None = Field(default=None, max_length=26)
+    #: What the checkpoint's pending writes total (values and names, in bytes), kept by every put
+    #: so that it is checked against the limit without reading them (``pending_writes``; fsck
+    #: checks it against the rows).
+    pending_write_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
 
 
 class OperationRow(SQLModel, table=True):
@@ -148,3 +164,16 @@ class PendingWriteRow(SQLModel, table=True):
     value_type: str = Field(default="", max_length=64)
     value: bytes = Field(default=b"", sa_type=LargeBinary)
     task_path: str = Field(default="", max_length=1024)
+
+
+def stored_bytes(is_sqlite: bool) -> ColumnElement[int]:
+    """A pending write's bytes in SQL, as ``checkpoints.pending_write_bytes`` counts them: its value's
+    length (of a blob: bytes, read from the record's header without the value) and its names' UTF-8
+    lengths (SQLite's length() of text counts characters)."""
+
+    def size(column):
+        return func.length(cast(column, LargeBinary)) if is_sqlite else func.octet_length(column)
+
+    row = PendingWriteRow
+    return (func.length(row.value) + size(row.channel) + size(row.task_id) + size(row.value_type)
+            + size(row.task_path))
