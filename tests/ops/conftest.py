@@ -220,3 +220,27 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 60.0
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+@pytest.fixture
+def base(short_tmp: Path) -> Path:
+    """A fresh directory with a short path (unix socket paths stay under 108 bytes), laid out as
+    RunningServer(base) uses it: ``workspaces`` beside the data directory."""
+    path = Path(tempfile.mkdtemp(prefix="ops-", dir=short_tmp))
+    (path / "workspaces").mkdir()
+    return path
+
+
+def health_status(target: str) -> int | None:
+    """The server's overall health status, or None when it does not answer."""
+    try:
+        with grpc.insecure_channel(target) as channel:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+    except grpc.RpcError:
+        return None
+
+
+def no_traceback(text: str) -> None:
+    """What a user must never see for an expected condition (``Exception ignored`` is Python's
+    traceback for an error it dropped in a finalizer or callback)."""
+    assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]

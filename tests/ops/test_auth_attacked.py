@@ -14,7 +14,6 @@ import signal
 import socket
 import stat
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from checkpoint.v1 import config_service_pb2 as config_pb
 from checkpoint.v1 import config_service_pb2_grpc as config_grpc
 from tests.conftest import CHECKPOINTD, RunningServer, free_port
 from tests.helpers import dump_stacks_then_kill, error_info, interruptible
-from tests.ops.conftest import TOKEN, server_exit, wait_until
+from tests.ops.conftest import TOKEN, no_traceback, server_exit, wait_until
 
 BEARER = (("authorization", f"Bearer {TOKEN}"),)
 
@@ -40,13 +39,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("CHECKPOINTD_")}, **extra}
 
 
-def _no_traceback(text: str) -> None:
-    assert "Traceback" not in text, text
-
-
 def _refused_in_one_line(done: subprocess.CompletedProcess) -> str:
     assert done.returncode == 2, (done.returncode, done.stderr)
-    _no_traceback(done.stderr)
+    no_traceback(done.stderr)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1, done.stderr
     return errors[0]
@@ -90,12 +85,6 @@ class Briefly:
                 chunk = os.read(self.process.stdout.fileno(), 1 << 16)
         except BlockingIOError:
             pass
-
-
-@pytest.fixture
-def base(short_tmp: Path) -> Path:
-    """A fresh directory with a short path (unix socket paths stay under 108 bytes)."""
-    return Path(tempfile.mkdtemp(prefix="aa-", dir=short_tmp))
 
 
 def _serve_args(base: Path, *listen: str) -> list[str]:
@@ -298,7 +287,7 @@ def test_a_busy_metrics_port_is_refused_in_one_line(base):
         run = Briefly([*_serve_args(base), "--metrics-listen", busy])
     assert not run.started, run.text
     assert run.returncode == 2, run.text
-    _no_traceback(run.text)
+    no_traceback(run.text)
 
 
 # -- the unix socket ---------------------------------------------------------------------------
@@ -320,7 +309,7 @@ def test_a_directory_at_the_socket_path_is_refused_in_one_line(base):
     run = Briefly(_serve_args(base, f"unix://{directory}"))
     assert (directory / "keep").read_text() == "x"
     assert not run.started and run.returncode == 2, run.text
-    _no_traceback(run.text)
+    no_traceback(run.text)
 
 
 def test_a_socket_path_too_long_is_refused_in_one_line(base):
@@ -330,7 +319,7 @@ def test_a_socket_path_too_long_is_refused_in_one_line(base):
     run = Briefly(_serve_args(base, f"unix://{path}"))
     assert not run.started, run.text
     assert run.returncode == 2, run.text
-    _no_traceback(run.text)
+    no_traceback(run.text)
     assert str(path) in run.text
 
 
@@ -357,7 +346,7 @@ def test_a_second_identical_serve_is_refused_and_steals_nothing(fresh_server):
     before = os.lstat(fresh_server.socket_path).st_ino
     second = Briefly(fresh_server.command()[2:])
     assert not second.started and second.returncode == 2, second.text
-    _no_traceback(second.text)
+    no_traceback(second.text)
     assert os.lstat(fresh_server.socket_path).st_ino == before, "the first server's socket was replaced"
     with grpc.insecure_channel(fresh_server.unix_target) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -368,7 +357,7 @@ def test_a_second_serve_on_the_same_data_dir_with_other_listeners_is_refused(fre
     second = Briefly(["--data-dir", str(fresh_server.data_dir), "--workspace-root", str(base),
                       "--listen", f"127.0.0.1:{free_port()}", "--listen", f"unix://{base}/other.sock"])
     assert not second.started and second.returncode == 2, second.text
-    _no_traceback(second.text)
+    no_traceback(second.text)
     assert "in use" in second.text or "already served" in second.text, second.text
     assert fresh_server.serving()
 
@@ -382,7 +371,7 @@ def test_sigterm_twice_drains_once_and_exits_zero(fresh_server):
     time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0, fresh_server.log()
-    _no_traceback(fresh_server.log())
+    no_traceback(fresh_server.log())
     assert "checkpointd stopped" in fresh_server.log()
     assert not fresh_server.socket_path.exists()
     fresh_server.process = None
@@ -396,7 +385,7 @@ def test_sigterm_during_startup_leaves_a_data_dir_and_socket_a_restart_takes(bas
     time.sleep(delay)
     process.send_signal(signal.SIGTERM)
     code = process.wait(timeout=60)
-    _no_traceback(server.log())
+    no_traceback(server.log())
     # 130: noted while it loaded or was built, stopped before serving; -SIGTERM: before main() ran.
     assert code in (0, 130, -signal.SIGTERM), (code, server.log())
     server.start()
@@ -423,7 +412,7 @@ def test_sigint_once_the_database_is_created_exits_130_or_drains_without_a_trace
         if process.poll() is None:
             process.kill()
             process.wait()
-    _no_traceback(server.log())
+    no_traceback(server.log())
     assert code in (0, 130), (code, server.log())
     server.start()
     try:
@@ -451,7 +440,7 @@ def test_ctrl_c_at_any_moment_of_startup_stops_the_server(base):
                 process.kill()
                 process.wait()
         assert code in (0, 130), (delay, code, server.log())
-        _no_traceback(server.log())
+        no_traceback(server.log())
 
 
 def test_ctrl_c_while_the_command_is_loading_is_not_a_traceback(base):
@@ -465,7 +454,12 @@ def test_ctrl_c_while_the_command_is_loading_is_not_a_traceback(base):
             _, stderr = process.communicate(timeout=60)
             outcomes.append((args[0], delay, process.returncode, stderr.decode(errors="replace")))
     for command, delay, code, stderr in outcomes:
-        assert "Traceback" not in stderr and code in (130, -signal.SIGINT), (command, delay, code, stderr)
+        no_traceback(stderr)
+        # 0: the command was done (serve: it had started, and SIGINT drained it) before the signal
+        # came, which an idle machine makes likely at 0.6 s; either way no traceback.
+        assert code in (130, -signal.SIGINT) or (code == 0 and (command != "serve" or "draining" in stderr)), (
+            command, delay, code, stderr)
+    assert any(code != 0 for *_, code, _ in outcomes), "no signal came while a command was loading"
 
 
 def test_sighup_drains_like_sigterm_then_a_restart_on_the_same_socket_works(fresh_server):
@@ -521,7 +515,7 @@ def test_the_cli_takes_the_token_variable_the_server_takes(ops_server):
     server = ops_server(env=env)
     done = subprocess.run([CHECKPOINTD, "ls", str(ULID()), "--target", server.tcp_target, "--timeout", "10"],
                           capture_output=True, text=True, timeout=60, env={**_clean_env(), **env})
-    _no_traceback(done.stderr)
+    no_traceback(done.stderr)
     assert done.returncode == 0, done.stderr
 
 
@@ -537,4 +531,4 @@ def test_a_token_no_client_can_send_is_refused_at_start(base):
     run = Briefly(_serve_args(base), env=_clean_env(CHECKPOINTD_TOKEN="jeton-secret-é" * 2))
     assert not run.started, run.text
     assert run.returncode == 2, run.text
-    _no_traceback(run.text)
+    no_traceback(run.text)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_status import rpc_status
 from ulid import ULID
 
@@ -30,7 +30,7 @@ from checkpointd.server import CheckpointdServer, ServerSettings
 from tests.conftest import SERVER_ARGS, RunningServer
 from tests.hardening.support import start_with_faults
 from tests.helpers import error_info, tree_state
-from tests.ops.conftest import wait_until
+from tests.ops.conftest import health_status, wait_until
 
 
 class Gate:
@@ -62,14 +62,6 @@ def sigterm_handlers() -> Iterator[None]:
     signal.signal(signal.SIGINT, previous[1])
 
 
-def _health(target: str) -> int | None:
-    try:
-        with grpc.insecure_channel(target) as channel:
-            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
-    except grpc.RpcError:
-        return None
-
-
 def _drain_while_gated(server: CheckpointdServer, gate: Gate, call: Callable[[], grpc.Future],
                        plan_id: str) -> object:
     """Starts ``call``, sends SIGTERM while it is held, checks the drain, releases, returns its result."""
@@ -78,7 +70,7 @@ def _drain_while_gated(server: CheckpointdServer, gate: Gate, call: Callable[[],
     assert gate.entered.wait(timeout=60), "the call never reached the gate"
     install_signal_handlers(server)
     os.kill(os.getpid(), signal.SIGTERM)
-    wait_until(lambda: _health(target) == health_pb2.HealthCheckResponse.NOT_SERVING, "health NOT_SERVING")
+    wait_until(lambda: health_status(target) == health_pb2.HealthCheckResponse.NOT_SERVING, "health NOT_SERVING")
     with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as refused:
         pb_grpc.CheckpointServiceStub(channel).ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id),
                                                                timeout=10)
@@ -89,7 +81,7 @@ def _drain_while_gated(server: CheckpointdServer, gate: Gate, call: Callable[[],
     gate.release.set()
     result = in_flight.result(timeout=120)
     server.wait()
-    assert _health(target) is None, "the server still answers after its drain"
+    assert health_status(target) is None, "the server still answers after its drain"
     return result
 
 
@@ -359,7 +351,7 @@ def test_a_rollback_in_flight_at_sigterm_gets_its_response_and_the_server_exits_
         proxy.hold()
         process = idle_server.process
         process.send_signal(signal.SIGTERM)
-        wait_until(lambda: _health(idle_server.tcp_target) == health_pb2.HealthCheckResponse.NOT_SERVING,
+        wait_until(lambda: health_status(idle_server.tcp_target) == health_pb2.HealthCheckResponse.NOT_SERVING,
                    "health NOT_SERVING")
         (handshake / "resume.restore.change").touch()
         # The rollback's handler returns and the server stops listening (health no longer answers).
@@ -367,7 +359,7 @@ def test_a_rollback_in_flight_at_sigterm_gets_its_response_and_the_server_exits_
         # proxy holds it): the response is let through once the server has exited, or has stayed up
         # for a while after it stopped listening (how long only decides how surely the test catches
         # a server that would cancel; a correct one passes either way).
-        wait_until(lambda: _health(idle_server.tcp_target) is None or process.poll() is not None,
+        wait_until(lambda: health_status(idle_server.tcp_target) is None or process.poll() is not None,
                    "the server to stop listening")
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=EXIT_WATCH_SECONDS)

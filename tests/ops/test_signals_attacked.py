@@ -13,17 +13,16 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tests.conftest import RunningServer, free_port
 from tests.helpers import dump_stacks_then_kill, interruptible
+from tests.ops.conftest import health_status, no_traceback
 
 #: `checkpointd serve ARGS` in this interpreter; once the build has bound the unix socket (gRPC's
 #: bind runs on the server's event loop thread while the main thread waits for it), the process gets
@@ -60,13 +59,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def base(short_tmp: Path) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="sa-", dir=short_tmp))
-    (path / "workspaces").mkdir()
-    return path
-
-
 def _interrupted_build(base: Path, third: bool) -> subprocess.CompletedProcess:
     """Same layout as RunningServer(base): data, workspaces, checkpointd.sock."""
     args = ["--data-dir", str(base / "data"), "--workspace-root", str(base / "workspaces"),
@@ -78,10 +70,6 @@ def _interrupted_build(base: Path, third: bool) -> subprocess.CompletedProcess:
         pytest.fail(f"two SIGINTs during the build did not stop the server:\n{exc.stdout}\n{exc.stderr}")
 
 
-def _no_traceback(text: str) -> None:
-    assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
-
-
 @pytest.mark.xfail(strict=True, reason=(
     "a second signal that interrupts the build after gRPC bound the unix socket (KeyboardInterrupt "
     "in CheckpointdServer.__init__'s _on_loop(self._build(...)) wait) exits 130 but leaves the socket "
@@ -91,17 +79,17 @@ def test_second_signal_after_the_socket_is_bound_leaves_no_socket_file(base):
     done = _interrupted_build(base, third=False)
     assert done.returncode == 130, (done.stdout, done.stderr)
     assert "interrupted while starting" in done.stderr
-    _no_traceback(done.stderr)
+    no_traceback(done.stderr)
     assert not (base / "checkpointd.sock").exists(), "socket file left behind after exit 130"
 
 
-def test_a_third_signal_while_exiting_after_an_interrupted_build_prints_no_traceback(base):
+def test_a_third_signal_while_exiting_after_an_interrupted_build_printsno_traceback(base):
     """The handler that raises is swapped for one that notes even when the build was interrupted
     (it stayed, and a third Ctrl-C while exiting printed 'Exception ignored ... KeyboardInterrupt')."""
     done = _interrupted_build(base, third=True)
     assert done.returncode == 130, (done.stdout, done.stderr)
     assert "interrupted while starting" in done.stderr
-    _no_traceback(done.stderr)
+    no_traceback(done.stderr)
 
 
 def test_a_server_starts_on_the_same_data_dir_right_after_an_interrupted_build(base):
@@ -117,11 +105,6 @@ def test_a_server_starts_on_the_same_data_dir_right_after_an_interrupted_build(b
     assert not server.socket_path.exists()
 
 
-def _health(target: str) -> int:
-    with grpc.insecure_channel(target) as channel:
-        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
-
-
 @pytest.mark.parametrize("drain_signal", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_usr1_repeatedly_while_serving_dumps_stacks_and_the_drain_still_exits_0(base, drain_signal):
     server = RunningServer(base)
@@ -133,7 +116,7 @@ def test_usr1_repeatedly_while_serving_dumps_stacks_and_the_drain_still_exits_0(
             server.process.send_signal(signal.SIGUSR1)
             time.sleep(0.1)
             assert server.process.poll() is None, server.log()
-            assert _health(server.tcp_target) == health_pb2.HealthCheckResponse.SERVING
+            assert health_status(server.tcp_target) == health_pb2.HealthCheckResponse.SERVING
         server.process.send_signal(drain_signal)
         for _ in range(3):  # while it drains: it keeps draining
             time.sleep(0.02)
@@ -150,7 +133,7 @@ def test_usr1_repeatedly_while_serving_dumps_stacks_and_the_drain_still_exits_0(
     text = server.log_path.read_text(errors="replace")
     assert code == 0, text[-3000:]
     assert text.count("Current thread") + text.count("Thread 0x") >= 5, text[-3000:]  # faulthandler's dumps
-    _no_traceback(text)
+    no_traceback(text)
     assert "checkpointd stopped" in text
     assert not server.socket_path.exists()
 
@@ -183,5 +166,5 @@ def test_a_drain_signal_while_loading_is_answered_like_ctrl_c(base, signal_name)
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
     assert "interrupted while loading" in done.stderr
-    _no_traceback(done.stderr)
+    no_traceback(done.stderr)
     assert not (base / "data").exists()

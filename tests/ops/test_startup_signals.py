@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -53,11 +52,6 @@ def _serve(base: Path, signal_name: str, times: int) -> subprocess.CompletedProc
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{signal_name} x{times} while the server was built did not stop it (it served):\n{exc.stdout}"
                     f"\n{exc.stderr}")
-
-
-@pytest.fixture
-def base(short_tmp: Path) -> Path:
-    return Path(tempfile.mkdtemp(prefix="ss-", dir=short_tmp))
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM", "SIGHUP"])
