@@ -239,6 +239,21 @@ def _remove_own_socket(path: str, identity: tuple[int, int, int]) -> None:
         log.warning("leaving %s alone: it is no longer the socket this server made", path)
 
 
+def _result_in_slices(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+    """``future.result(timeout)``, waited for in WAIT_SLICE_SECONDS slices: a main thread blocked
+    on a lock for good never runs the handler of a signal the kernel handed to another thread
+    (see CheckpointdServer.wait)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = WAIT_SLICE_SECONDS if deadline is None else max(0.0, min(WAIT_SLICE_SECONDS,
+                                                                         deadline - time.monotonic()))
+        try:
+            return future.result(left)
+        except concurrent.futures.TimeoutError:
+            if future.done() or (deadline is not None and time.monotonic() >= deadline):
+                raise
+
+
 class CheckpointdServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -295,12 +310,34 @@ class CheckpointdServer:
         self.teardown_failed = False
         self._maintenance_thread: threading.Thread | None = None
         self._usage_thread: threading.Thread | None = None
-        self._on_loop(self._build(listeners))
+        #: Made by _build, on the loop.
+        self.server: grpc.aio.Server | None = None
+        build = asyncio.run_coroutine_threadsafe(self._build(listeners), self._loop)
+        try:
+            _result_in_slices(build)
+        except BaseException:
+            # A second drain signal while serve waited (KeyboardInterrupt), or a listener that
+            # could not be bound: nothing was served, and what the build made goes, its unix
+            # socket files with it.
+            self._abandon(build)
+            raise
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Runs ``coroutine`` on the server's event loop and waits for its result (at most
         ``timeout`` seconds: then concurrent.futures.TimeoutError)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+        return _result_in_slices(asyncio.run_coroutine_threadsafe(coroutine, self._loop), timeout)
+
+    def _abandon(self, build: concurrent.futures.Future) -> None:
+        """Undoes a build that was interrupted or failed. One the loop has not begun never runs;
+        one it has runs whole (it awaits nothing), so it is waited for before its listeners close."""
+        self._stopping.set()
+        if not build.cancel():
+            concurrent.futures.wait([build], timeout=LOOP_ANSWER_SECONDS)
+        server = self.server
+        if server is not None:
+            self._teardown("closing the listeners",
+                           lambda: self._on_loop(server.stop(0), timeout=LOOP_ANSWER_SECONDS))
+        self._release(grace=0)
 
     async def _build(self, listeners: list[Listener]) -> None:
         """Made on the loop: the asyncio server and its health servicer belong to the loop they are made on."""
@@ -482,7 +519,12 @@ class CheckpointdServer:
                             STOP_SLACK_SECONDS)
         except Exception:
             self._teardown_error("draining")
-        # Each step runs whatever an earlier one hit, and the process always gets to exit.
+        self._release(grace)
+
+    def _release(self, grace: float) -> None:
+        """Stops the loop and the threads, removes this server's unix sockets and closes the
+        engine, store, database and locks. Each step runs whatever an earlier one hit, and the
+        process always gets to exit."""
         try:
             self._teardown("stopping the event loop", self._stop_loop)
             self._teardown("stopping the thread pool",

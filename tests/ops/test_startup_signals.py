@@ -111,3 +111,53 @@ def test_sigterm_delivered_to_another_thread_drains_the_server(base):
     assert done.returncode == 0, done.stderr
     assert "received SIGTERM, draining" in done.stderr and "checkpointd stopped" in done.stderr
     assert not (base / "s.sock").exists()
+
+
+#: `checkpointd serve ARGS` in this interpreter; while the build runs on the server's event loop
+#: thread (the main thread waiting for it), that thread sends itself SIGINT twice (pthread_kill: the
+#: kernel delivers each to it, not to the main thread), then waits for the main thread to start
+#: undoing the build, which the second signal asks for.
+BUILD_SIGNALLED_ELSEWHERE_SCRIPT = textwrap.dedent("""
+    import signal, sys, threading, time
+    from checkpointd import cli, server
+
+    undoing = threading.Event()
+    real_add_listener = server.CheckpointdServer._add_listener
+    real_abandon = server.CheckpointdServer._abandon
+
+    def add_listener(self, listener):
+        address = real_add_listener(self, listener)
+        if listener.is_unix:
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            time.sleep(1)  # noted before the next one comes (two pending at once run once)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            if not undoing.wait(20):
+                print("the main thread never ran the handlers while the build waited", flush=True)
+        return address
+
+    def abandon(self, build):
+        undoing.set()
+        real_abandon(self, build)
+
+    server.CheckpointdServer._add_listener = add_listener
+    server.CheckpointdServer._abandon = abandon
+    sys.exit(cli.main(["serve", *sys.argv[1:]]))
+""")
+
+
+def test_a_second_signal_delivered_to_another_thread_interrupts_a_waiting_build(base):
+    """The main thread waits for the build in slices, as it waits while serving: the kernel may hand
+    a signal to another thread, and a main thread blocked on a lock for good never ran its handler,
+    so a second Ctrl-C could not stop a build that waits (on a database, say) until it ended."""
+    args = ["--data-dir", str(base / "data"), "--workspace-root", str(base),
+            "--listen", f"127.0.0.1:{free_port()}", "--listen", f"unix://{base / 's.sock'}"]
+    try:
+        done = subprocess.run([sys.executable, "-c", BUILD_SIGNALLED_ELSEWHERE_SCRIPT, *args],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"two SIGINTs delivered to the loop thread did not stop the build:\n{exc.stdout}\n{exc.stderr}")
+    assert "never ran the handlers" not in done.stdout, done.stderr
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert "interrupted while starting" in done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert not (base / "s.sock").exists()
