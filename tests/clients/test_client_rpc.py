@@ -114,6 +114,11 @@ def test_diff_rollback_and_delete(checkpointd: Checkpointd, workspace: Path, pla
     restored = client.rollback(plan_id, base.checkpoint_id)
 
     assert changes == {"a.txt": pb.CHANGE_KIND_MODIFIED, "b.txt": pb.CHANGE_KIND_ADDED}
+    # Every page by default; only the first, with the rest counted, on request.
+    paged = client.diff_checkpoints(base.checkpoint_id, target.checkpoint_id, page_size=1)
+    assert ([c.path for c in paged], paged.omitted) == (["a.txt", "b.txt"], 0)
+    first = client.diff_checkpoints(base.checkpoint_id, target.checkpoint_id, page_size=1, all_pages=False)
+    assert ([c.path for c in first], first.omitted) == (["a.txt"], 1)
     assert dry.dry_run and {c.path for c in dry.changes} == {"a.txt", "b.txt"}
     assert unchanged_by_dry_run == "two, longer"
     assert (workspace / "a.txt").read_text() == "one"

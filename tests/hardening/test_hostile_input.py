@@ -183,10 +183,12 @@ def test_delete_checkpoint(checkpoint_stub, healthy, checkpoint_id) -> None:
 
 
 @FUZZ
-@given(base=ulids, target=ulids, paths=st.lists(relative_paths, max_size=20))
-def test_diff_checkpoints(checkpoint_stub, healthy, base, target, paths) -> None:
+@given(base=ulids, target=ulids, paths=st.lists(relative_paths, max_size=20), page_size=page_sizes,
+       page_token=page_tokens)
+def test_diff_checkpoints(checkpoint_stub, healthy, base, target, paths, page_size, page_token) -> None:
     _expect_clear(checkpoint_stub.DiffCheckpoints, pb.DiffCheckpointsRequest(
-        base_checkpoint_id=base, target_checkpoint_id=target, paths=paths))
+        base_checkpoint_id=base, target_checkpoint_id=target, paths=paths, page_size=page_size,
+        page_token=page_token))
 
 
 @FUZZ

@@ -97,3 +97,22 @@ async def test_checkpoint_rollback_restores_the_file_after_a_dry_run(
         assert (newest.checkpoint_id, newest.rollback_target_checkpoint_id) == (safety, before_breaking)
         await proxy.call("checkpoint_rollback", {"checkpoint_id": safety, "confirm": True})
         assert notes.read_text() == "broken\n" and (workspace / "stray.txt").read_text() == "stray\n"
+
+
+async def test_checkpoint_diff_of_more_paths_than_it_shows_counts_the_rest(
+    checkpointd_server, workspace: Path, filesystem_server
+) -> None:
+    """One page of the diff, of the 200 paths the text lists: the header and the last line count
+    the others (the server made text diffs of the 200 only)."""
+    plan_id = str(ULID())
+    target = checkpointd_server.tcp_target
+    async with proxied(target, workspace, [str(filesystem_server), str(workspace)], plan_id=plan_id) as proxy:
+        await proxy.call("write_file", {"path": str(workspace / "first.txt"), "content": "one\n"})
+        newest = checkpoints_of(target, plan_id)[-1].checkpoint_id
+        for i in range(203):
+            (workspace / f"bulk-{i:03d}.txt").write_text(f"{i}\n")
+        diff = text_of(await proxy.call("checkpoint_diff", {"checkpoint_id": newest, "patch": True}))
+    assert diff.startswith(f"203 paths differ from checkpoint {newest} to the workspace now:"), diff[:300]
+    assert "bulk-199.txt" in diff and "bulk-200.txt" not in diff
+    assert "  ... and 3 more (diff fewer paths (paths) to see them)" in diff
+    assert diff.count("+++ b/bulk-") == 200

@@ -322,22 +322,33 @@ class CheckpointdClient {
    *   (a FileChange's rawPath).
    * @param {boolean} [options.textDiffs] Also return each changed text file's unified diff
    *   (`textDiff`, with `textDiffStatus` "text", "binary", "too_large", "not_a_file" or "unreadable").
+   * @param {boolean} [options.allPages] Every page (the default; each a call with `deadlineMs`), or
+   *   with false only the first.
+   * @param {number} [options.pageSize] At most this many changes a page; 0 (the default): as many as
+   *   fit in 16 MiB.
    * @param {number} [options.deadlineMs]
-   * @returns {Promise<FileChange[] & {omitted: number}>} The changes listed (up to 16 MiB of them), and
-   *   as `omitted` how many more paths differ (ask again with `paths` to see them).
+   * @returns {Promise<FileChange[] & {omitted: number}>} The changes listed, and as `omitted` how many
+   *   more paths differ (0 after every page). Against the live workspace each page is a new look at it.
    */
   async diffCheckpoints(baseCheckpointId, options = {}) {
-    const request = {
-      baseCheckpointId,
-      targetCheckpointId: options.targetCheckpointId ?? '',
-      paths: options.paths ?? [],
-      rawPaths: (options.rawPaths ?? []).map((p) => Buffer.from(p)),
-      textDiffs: options.textDiffs ?? false,
-    };
-    const response = await this.unary(this.checkpoints, 'DiffCheckpoints', request, options);
-    const changes = response.changes.map((c) => this.toFileChange(c));
-    changes.omitted = Number(response.changesOmitted ?? 0);
-    return changes;
+    const changes = [];
+    let pageToken = '';
+    for (;;) {
+      const request = {
+        baseCheckpointId,
+        targetCheckpointId: options.targetCheckpointId ?? '',
+        paths: options.paths ?? [],
+        rawPaths: (options.rawPaths ?? []).map((p) => Buffer.from(p)),
+        textDiffs: options.textDiffs ?? false,
+        pageSize: options.pageSize ?? 0,
+        pageToken,
+      };
+      const response = await this.unary(this.checkpoints, 'DiffCheckpoints', request, options);
+      changes.push(...response.changes.map((c) => this.toFileChange(c)));
+      changes.omitted = Number(response.changesOmitted ?? 0);
+      pageToken = response.nextPageToken ?? '';
+      if (!pageToken || options.allPages === false) return changes;
+    }
   }
 
   /**

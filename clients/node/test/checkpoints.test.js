@@ -132,6 +132,16 @@ for (const transport of ['tcp', 'unix']) {
       assert.deepEqual(live.map((c) => [c.path, c.kind]), [['live.txt', 'added']]);
       const limited = await client.diffCheckpoints(base.checkpointId, { targetCheckpointId: target.checkpointId, paths: ['change.txt'] });
       assert.deepEqual(limited.map((c) => c.path), ['change.txt']);
+
+      // A page at a time: every page by default, or only the first with what is left counted.
+      const paged = await client.diffCheckpoints(base.checkpointId, { targetCheckpointId: target.checkpointId, pageSize: 1 });
+      assert.deepEqual(paged.map((c) => c.path), ['added.txt', 'change.txt', 'remove.txt']);
+      assert.equal(paged.omitted, 0);
+      const first = await client.diffCheckpoints(base.checkpointId, {
+        targetCheckpointId: target.checkpointId, pageSize: 2, allPages: false,
+      });
+      assert.deepEqual(first.map((c) => c.path), ['added.txt', 'change.txt']);
+      assert.equal(first.omitted, 1);
     });
 
     test('rollback restores the files and state, after a dry run that changes nothing', async () => {

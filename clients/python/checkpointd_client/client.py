@@ -159,8 +159,9 @@ ListedItem = TypeVar("ListedItem")
 
 class Listed(list[ListedItem]):
     """What an answer lists, and `omitted`: how many more there were than it lists (an answer is
-    kept within gRPC's message size: a diff lists up to 16 MiB of changes, ask again with `paths`;
-    a bulk deletion up to 32 MiB of the checkpoints it deleted)."""
+    kept within gRPC's message size: a diff's page lists up to 16 MiB of changes, the next page the
+    rest; a rollback up to 16 MiB of what it changed, ask again with `paths`; a bulk deletion up to
+    32 MiB of the checkpoints it deleted)."""
 
     def __init__(self, items: Iterable[ListedItem] = (), *, omitted: int = 0) -> None:
         super().__init__(items)
@@ -306,21 +307,35 @@ class CheckpointClient:
         *,
         paths: Sequence[str | bytes] = (),
         text_diffs: bool = False,
+        all_pages: bool = True,
+        page_size: int = 0,
         timeout: float | None = None,
     ) -> FileChanges:
         """Paths that differ; an empty target means the plan's live workspace. A path given as
         bytes may be one that is not valid UTF-8 (a `FileChange.raw_path`). `text_diffs=True`
-        adds each changed text file's unified diff (`FileChange.text_diff`; see `format_patch`)."""
+        adds each changed text file's unified diff (`FileChange.text_diff`; see `format_patch`).
+        Every page (each a call with `timeout`), unless `all_pages=False`: then only the first,
+        of at most `page_size` changes (0: as many as fit in 16 MiB), and `.omitted` counts the
+        rest. Against the live workspace each page is a new look at it (see the proto)."""
         text_paths, raw_paths = _split_paths(paths)
-        request = checkpoint_service_pb2.DiffCheckpointsRequest(
-            base_checkpoint_id=base_checkpoint_id,
-            target_checkpoint_id=target_checkpoint_id,
-            paths=text_paths,
-            raw_paths=raw_paths,
-            text_diffs=text_diffs,
-        )
-        response = self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout)
-        return FileChanges(response.changes, omitted=response.changes_omitted)
+        changes = FileChanges()
+        page_token = ""
+        while True:
+            request = checkpoint_service_pb2.DiffCheckpointsRequest(
+                base_checkpoint_id=base_checkpoint_id,
+                target_checkpoint_id=target_checkpoint_id,
+                paths=text_paths,
+                raw_paths=raw_paths,
+                text_diffs=text_diffs,
+                page_size=page_size,
+                page_token=page_token,
+            )
+            response = self._rpc.unary("DiffCheckpoints", self._stub.DiffCheckpoints, request, timeout)
+            changes.extend(response.changes)
+            changes.omitted = response.changes_omitted
+            page_token = response.next_page_token
+            if not page_token or not all_pages:
+                return changes
 
     def rollback(
         self,

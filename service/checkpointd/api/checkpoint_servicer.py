@@ -49,12 +49,15 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         return pb.DeleteCheckpointResponse()
 
     def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
-        changes = self.checkpoints.diff(request.base_checkpoint_id, request.target_checkpoint_id,
-                                        convert.request_paths(request.paths, request.raw_paths))
-        texts = (self.contents.text_diffs(request.base_checkpoint_id, request.target_checkpoint_id, changes)
+        sides = (request.base_checkpoint_id, request.target_checkpoint_id,
+                 convert.request_paths(request.paths, request.raw_paths), request.text_diffs)
+        page = self.checkpoints.diff_page(*sides, request.page_size, request.page_token)
+        texts = (self.contents.text_diffs(request.base_checkpoint_id, request.target_checkpoint_id, page.changes)
                  if request.text_diffs else {})
-        listed, omitted = convert.changes(changes, texts)
-        return pb.DiffCheckpointsResponse(changes=listed, changes_omitted=omitted)
+        listed, cut = convert.changes(page.changes, texts)  # a page also ends at 16 MiB
+        more = cut + page.after
+        token = self.checkpoints.diff_token_after(*sides, page.changes[len(listed) - 1]) if more else ""
+        return pb.DiffCheckpointsResponse(changes=listed, changes_omitted=more, next_page_token=token)
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
         scope = convert.from_proto_enum(convert.SCOPES, request.scope, "scope") or Scope.FILES_AND_STATE

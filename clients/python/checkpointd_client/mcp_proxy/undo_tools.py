@@ -289,13 +289,19 @@ class UndoTools:
             if owner != self.plan_id:
                 raise InvalidArguments(f"checkpoint {checkpoint_id} is not one of this session's (plan "
                                        f"{self.plan_id}); checkpoint_list shows them")
+        # One page, of what the text shows (the server makes text diffs of those only).
         changes = self._checkpoints.diff_checkpoints(base_id, target_id, paths=paths, text_diffs=patch,
+                                                     all_pages=False, page_size=MAX_LISTED_CHANGES,
                                                      timeout=self._deadline_s)
         target = f"checkpoint {target_id}" if target_id else "the workspace now"
         if not changes:
             return f"No differences between checkpoint {base_id} and {target}."
-        header = f"{_plural(len(changes), 'path')} differ from checkpoint {base_id} to {target}:"
-        text = "\n".join([header, *_change_lines(changes, _change_kind)])
+        header = (f"{_plural(len(changes) + changes.omitted, 'path')} differ from checkpoint {base_id} to "
+                  f"{target}:")
+        listed = _change_lines(changes, _change_kind)
+        if changes.omitted:
+            listed.append(f"  ... and {changes.omitted} more (diff fewer paths (paths) to see them)")
+        text = "\n".join([header, *listed])
         if not patch:
             return text
         lines = format_patch(changes)

@@ -13,7 +13,7 @@ from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine import pending_writes
 from checkpointd.core.engine.bulk_delete import delete_in_plan, delete_matching, plans_matching
 from checkpointd.core.engine.create import Create, RunBlocking
-from checkpointd.core.engine.diff import Diffs
+from checkpointd.core.engine.diff import DiffPage, Diffs
 from checkpointd.core.engine.filtering import Filter
 from checkpointd.core.engine.history import History
 from checkpointd.core.engine.parts import EngineParts
@@ -47,7 +47,7 @@ class Checkpoints:
         self._create = Create(parts, self.recovery)
         self._history = History(parts, self.recovery)
         self.page_tokens = self._history.page_tokens
-        self._diffs = Diffs(parts, self.recovery)
+        self._diffs = Diffs(parts, self.recovery, self.page_tokens)
         self._rollbacks = Rollbacks(parts, self.recovery)
         self.recover_interrupted_rollbacks()
         warm_up(parts)
@@ -99,6 +99,14 @@ class Checkpoints:
 
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         return self._diffs.diff(base_id, target_id, paths)
+
+    def diff_page(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
+                  page_size: int = 0, page_token: str = "") -> DiffPage:
+        return self._diffs.page(base_id, target_id, paths, text_diffs, page_size, page_token)
+
+    def diff_token_after(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
+                         last: Change) -> str:
+        return self._diffs.token_after(base_id, target_id, paths, text_diffs, last)
 
     def rollback(self, req: RollbackRequest) -> RollbackResult:
         return self._rollbacks.rollback(req)

@@ -13,7 +13,6 @@ buffered either.
 
 from __future__ import annotations
 
-import base64
 import difflib
 import itertools
 import tarfile
@@ -46,8 +45,6 @@ MAX_TEXT_DIFF_SECONDS = 5.0
 _BLOCK = tarfile.BLOCKSIZE
 #: The scope of ListCheckpointFiles' page tokens (with the checkpoint id and recursive).
 _LIST_TOKEN_SCOPE = "ListCheckpointFiles"
-#: Longest page-token key (a path's bytes in base64) accepted: paths of up to 96 KiB.
-_LONGEST_PATH_KEY = 128 * 1024
 
 
 class TextDiffStatus:
@@ -124,15 +121,15 @@ class Contents:
         size = filtering.page_size(page_size)
         row = self._files_of(checkpoint_id)
         scope = f"{_LIST_TOKEN_SCOPE}\0{row.checkpoint_id}\0{int(recursive)}"
-        after_key = self.page_tokens.check_after(page_token, scope, path, _LONGEST_PATH_KEY)
+        after_path = self.page_tokens.check_after_path(page_token, scope, path)
         try:
-            return self._page(row, path, recursive, size, scope, after_key)
+            return self._page(row, path, recursive, size, scope, after_path)
         except DataLoss:
             self._not_found_if_deleted(row.checkpoint_id)
             raise
 
     def _page(self, row: CheckpointRow, path: str, recursive: bool, size: int, scope: str,
-              after_key: str | None) -> tuple[list[tuple[str, Entry]], str]:
+              after_path: str | None) -> tuple[list[tuple[str, Entry]], str]:
         digest = row.tree_digest
         if path:
             entry = self.trees.lookup(row.tree_digest, path)
@@ -146,16 +143,12 @@ class Contents:
                                          checkpoint_id=row.checkpoint_id, path=path)
             digest = entry.digest
         prefix = f"{path}/" if path else ""
-        after = None
-        if after_key is not None:
-            after_path = base64.urlsafe_b64decode(after_key).decode("utf-8", "surrogateescape")
-            after = after_path.removeprefix(prefix).split("/")
+        after = None if after_path is None else after_path.removeprefix(prefix).split("/")
         found = list(itertools.islice(self._walk(digest, prefix, recursive, after), size + 1))
         token = ""
         if len(found) > size:
             found = found[:size]
-            key = base64.urlsafe_b64encode(found[-1][0].encode("utf-8", "surrogateescape")).decode("ascii")
-            token = self.page_tokens.issue_after(scope, path, key)
+            token = self.page_tokens.issue_after_path(scope, path, found[-1][0])
         return found, token
 
     def _walk(self, digest: str, prefix: str, recursive: bool,

@@ -1,21 +1,62 @@
 """DiffCheckpoints: what changed between two checkpoints of a plan, or between one and the
-plan's live workspace."""
+plan's live workspace, a page at a time (AIP-158).
+
+A page token names the last path a page listed, and is bound to the request's two sides, paths
+and text_diffs. The next page lists the changes after that path in the diff's order (parents
+before children, names sorted: the order of the paths' component lists), so a diff against the
+live workspace, taken anew for each page, never lists a path twice, and lists a change made
+between two pages only if its path comes after the last one listed.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from checkpointd.core.engine.filtering import PageTokens
 from checkpointd.core.engine.parts import EngineParts, not_found_if_deleted, path_subset
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.kernel import validation
-from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, Reason
+from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.store.tree import Change
 from checkpointd.core.workspace.workspace import is_under
 
+#: The scope of DiffCheckpoints' page tokens (with the two sides and text_diffs).
+_TOKEN_SCOPE = "DiffCheckpoints"
+
+
+@dataclass(frozen=True)
+class DiffPage:
+    #: The changes after the page token's path, at most the page size of them.
+    changes: list[Change]
+    #: How many more differ after those.
+    after: int
+
 
 class Diffs:
-    def __init__(self, parts: EngineParts, recovery: Recovery) -> None:
+    def __init__(self, parts: EngineParts, recovery: Recovery, page_tokens: PageTokens) -> None:
         self.parts = parts
         self.recovery = recovery
+        self.page_tokens = page_tokens
+
+    def page(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool, page_size: int = 0,
+             page_token: str = "") -> DiffPage:
+        """The changes after ``page_token``'s path, at most ``page_size`` (0: all) of them."""
+        if page_size < 0:
+            raise InvalidArgument(Reason.INVALID_PAGE_SIZE, "page_size must not be negative", page_size=page_size)
+        scope, filter_text = _token_binding(base_id, target_id, paths, text_diffs)
+        after = self.page_tokens.check_after_path(page_token, scope, filter_text)
+        changes = self.diff(base_id, target_id, paths)
+        if after is not None:
+            last = after.split("/")
+            changes = [c for c in changes if c.path.split("/") > last]
+        size = page_size or len(changes)
+        return DiffPage(changes[:size], max(0, len(changes) - size))
+
+    def token_after(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
+                    last: Change) -> str:
+        """The token of the page that follows ``last``."""
+        return self.page_tokens.issue_after_path(*_token_binding(base_id, target_id, paths, text_diffs), last.path)
 
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
@@ -61,3 +102,8 @@ class Diffs:
                 return list(parts.trees.diff(base.tree_digest, live_tree))
             finally:
                 batch.abort()
+
+
+def _token_binding(base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool) -> tuple[str, str]:
+    """What a page token is bound to: the scope (the sides and text_diffs) and the paths."""
+    return f"{_TOKEN_SCOPE}\0{base_id}\0{target_id}\0{int(text_diffs)}", "\0".join(paths)

@@ -162,7 +162,20 @@ class PageTokens:
                               "page_token was not issued by this service for this request's filter")
 
 
+    def issue_after_path(self, scope: str, filter_text: str, path: str) -> str:
+        """A token to continue after workspace path ``path`` (any name, not UTF-8 included)."""
+        return self.issue_after(scope, filter_text,
+                                base64.urlsafe_b64encode(path.encode("utf-8", "surrogateescape")).decode("ascii"))
+
+    def check_after_path(self, token: str, scope: str, filter_text: str) -> str | None:
+        """The path ``issue_after_path`` put in ``token``, or None for the first page."""
+        key = self.check_after(token, scope, filter_text, LONGEST_PATH_KEY)
+        return None if key is None else base64.urlsafe_b64decode(key).decode("utf-8", "surrogateescape")
+
+
 _KEY_TOKEN_VERSION = 2
+#: Longest page-token key that names a path (its bytes in base64) accepted: paths of up to 96 KiB.
+LONGEST_PATH_KEY = 128 * 1024
 
 
 def _max_key_token(longest_key: int) -> int:
