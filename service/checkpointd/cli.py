@@ -140,12 +140,20 @@ def serve(args: argparse.Namespace, pending: list[int]) -> int:
     dump_stacks_on_request()
     for signum in _drain_signals():
         signal.signal(signum, note_while_building)
+    server = None
     try:
-        server = None if pending else CheckpointdServer(settings)
-    finally:
-        # Also when a second signal interrupted the build: a later one (while the process exits)
-        # is then only noted, not raised where Python would print it as a traceback.
+        if not pending:
+            server = CheckpointdServer(settings)
         _note_drain_signals(pending)
+    except BaseException:
+        # A second signal interrupted the build (which undid itself), or landed once the server
+        # was handed back, before the handler that raises was swapped: that server is stopped.
+        # Either way a later signal is only noted, not raised where Python would print it as a
+        # traceback while the process exits.
+        _note_drain_signals(pending)
+        if server is not None:
+            server.stop(0)
+        raise
     if pending:
         if server is not None:
             server.stop(0)  # built, never listened: nothing to drain

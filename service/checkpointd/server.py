@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import secrets
@@ -270,30 +271,33 @@ class CheckpointdServer:
         self.db = Database(settings.database_url)
         self._serving_lock = ServingLock(Path(self.db.sqlite_path)).acquire() if self.db.sqlite_path else None
         self._data_lock: DataDirLock | None = None
-        try:
-            if needs_data_dir_lock(settings.store, self.db):
-                self._data_lock = DataDirLock.for_server(settings.data_dir, settings.store,
-                                                         settings.gc_interval_seconds).acquire()
-            self.db.migrate()
-        except SQLAlchemyError as exc:
-            self._release_locks()
-            self.db.dispose()
-            raise OptionError(f"cannot use the database {_shown_url(settings)}: {first_line(exc)}") from None
-        except BaseException:
-            self._release_locks()
-            raise
-        self.store = open_store(settings.store, self.db, settings.data_dir)
-        self.config = ConfigStore(self.db)
-        self.checkpoints = Checkpoints(self.db, self.store, self.config,
-                                       EngineSettings(settings.data_dir, settings.workspace_roots,
-                                                      watcher=settings.watcher))
-        self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
-                                       self.checkpoints.delete)
-        self.metrics = None
-        if settings.metrics_listen:
-            from checkpointd.metrics import PrometheusMetrics
+        # What a start that fails (or a second Ctrl-C) undoes, the last made first; once all is
+        # made, stop() does (a later failure is undone by _abandon).
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._release_locks)
+            undo.callback(self.db.dispose)
+            try:
+                if needs_data_dir_lock(settings.store, self.db):
+                    self._data_lock = DataDirLock.for_server(settings.data_dir, settings.store,
+                                                             settings.gc_interval_seconds).acquire()
+                self.db.migrate()
+            except SQLAlchemyError as exc:
+                raise OptionError(f"cannot use the database {_shown_url(settings)}: {first_line(exc)}") from None
+            self.store = open_store(settings.store, self.db, settings.data_dir)
+            undo.callback(self.store.close)
+            self.config = ConfigStore(self.db)
+            self.checkpoints = Checkpoints(self.db, self.store, self.config,
+                                           EngineSettings(settings.data_dir, settings.workspace_roots,
+                                                          watcher=settings.watcher))
+            undo.callback(self.checkpoints.close)
+            self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
+                                           self.checkpoints.delete)
+            self.metrics = None
+            if settings.metrics_listen:
+                from checkpointd.metrics import PrometheusMetrics
 
-            self.metrics = PrometheusMetrics(self.store)
+                self.metrics = PrometheusMetrics(self.store)
+            undo.pop_all()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self.drain = Drain()

@@ -1,17 +1,28 @@
-"""Fixtures for the scale-out tests: throwaway PostgreSQL databases and replica servers sharing one."""
+"""Fixtures for the scale-out tests: throwaway PostgreSQL databases, replica servers sharing one, and
+the checkpoint engine in process on either database."""
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
+from sqlmodel import func, select
+from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2_grpc
+from checkpointd.core.config.registry import ConfigStore
+from checkpointd.core.engine.checkpoints import Checkpoints
+from checkpointd.core.engine.requests import CreateRequest, EngineSettings
+from checkpointd.core.maintenance.fsck import FindingKind, check
+from checkpointd.core.metadata.db import Database
+from checkpointd.core.metadata.models import CheckpointRow, PendingWriteRow, stored_bytes
+from checkpointd.core.store.content_store import ContentStore
 from tests.conftest import PostgresDatabases, RunningServer
 from tests.postgres.replica_pair import Replica
 
@@ -105,3 +116,39 @@ def admin(pg_url: str) -> Iterator:
     engine = create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     yield engine
     engine.dispose()
+
+
+@dataclass
+class Engine:
+    db: Database
+    store: ContentStore
+    checkpoints: Checkpoints
+
+    def checkpoint(self) -> str:
+        return self.checkpoints.create(CreateRequest(plan_id=str(ULID()), state=b"s")).row.checkpoint_id
+
+    def total(self, checkpoint_id: str) -> tuple[int, int]:
+        """The total recorded on the row, and what the rows hold."""
+        with self.db.session() as session:
+            recorded = session.get(CheckpointRow, checkpoint_id).pending_write_bytes
+            stored = session.exec(select(func.coalesce(func.sum(stored_bytes(self.db.is_sqlite)), 0)).where(
+                PendingWriteRow.checkpoint_id == checkpoint_id)).one()
+        return recorded, stored
+
+    def findings(self) -> list[tuple[FindingKind, str, str]]:
+        return [(p.kind, p.subject, p.detail) for p in check(self.db, self.store).problems]
+
+
+@pytest.fixture
+def engine(any_db_url: str, tmp_path: Path) -> Iterator[Engine]:
+    db = Database(any_db_url)
+    db.migrate()
+    store = ContentStore(tmp_path / "store")
+    checkpoints = Checkpoints(db, store, ConfigStore(db), EngineSettings(tmp_path / "data", (str(tmp_path),),
+                                                                         watcher=False))
+    try:
+        yield Engine(db, store, checkpoints)
+    finally:
+        checkpoints.close()
+        store.close()
+        db.dispose()

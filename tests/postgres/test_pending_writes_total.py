@@ -5,63 +5,20 @@ migration 0007 from the rows already stored, and checked by fsck."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from sqlmodel import col, func, select, update
-from ulid import ULID
+from sqlmodel import col, select, update
 
-from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine import pending_writes
-from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.pending_writes import MAX_CHECKPOINT_BYTES, PendingWrite
-from checkpointd.core.engine.requests import CreateRequest, EngineSettings
 from checkpointd.core.kernel.errors import Reason, ResourceExhausted
-from checkpointd.core.maintenance.fsck import FindingKind, check
+from checkpointd.core.maintenance.fsck import FindingKind
 from checkpointd.core.metadata.db import Database
-from checkpointd.core.metadata.models import CheckpointRow, PendingWriteRow, stored_bytes
-from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.metadata.models import WRITE_FRAMING_BYTES, CheckpointRow
+from tests.postgres.conftest import Engine
 from tests.postgres.test_migrations import execute, upgrade_to
 
 MIB = 1 << 20
-
-
-@dataclass
-class Engine:
-    db: Database
-    store: ContentStore
-    checkpoints: Checkpoints
-
-    def checkpoint(self) -> str:
-        return self.checkpoints.create(CreateRequest(plan_id=str(ULID()), state=b"s")).row.checkpoint_id
-
-    def total(self, checkpoint_id: str) -> tuple[int, int]:
-        """The total recorded on the row, and what the rows hold."""
-        with self.db.session() as session:
-            recorded = session.get(CheckpointRow, checkpoint_id).pending_write_bytes
-            stored = session.exec(select(func.coalesce(func.sum(stored_bytes(self.db.is_sqlite)), 0)).where(
-                PendingWriteRow.checkpoint_id == checkpoint_id)).one()
-        return recorded, stored
-
-    def findings(self) -> list[tuple[FindingKind, str, str]]:
-        return [(p.kind, p.subject, p.detail) for p in check(self.db, self.store).problems]
-
-
-@pytest.fixture
-def engine(any_db_url: str, tmp_path: Path) -> Iterator[Engine]:
-    db = Database(any_db_url)
-    db.migrate()
-    store = ContentStore(tmp_path / "store")
-    checkpoints = Checkpoints(db, store, ConfigStore(db), EngineSettings(tmp_path / "data", (str(tmp_path),),
-                                                                         watcher=False))
-    try:
-        yield Engine(db, store, checkpoints)
-    finally:
-        checkpoints.close()
-        store.close()
-        db.dispose()
 
 
 def _write(task: str, index: int, size: int, channel: str = "c", task_path: str = "") -> PendingWrite:
@@ -74,7 +31,7 @@ def test_names_count_in_utf8_bytes_as_the_rows_hold_them(engine: Engine) -> None
                                                   _write("t", -1, 3)])
     recorded, stored = engine.total(checkpoint_id)
     assert recorded == stored == 10 + len("canal-€".encode()) + len("tâche-ü".encode()) + 5 + len(
-        "~nœud:😀".encode()) + 3 + 1 + 1 + 5
+        "~nœud:😀".encode()) + 3 + 1 + 1 + 5 + 2 * WRITE_FRAMING_BYTES
 
 
 def test_a_replaced_special_write_gives_back_what_it_held(engine: Engine) -> None:
@@ -105,7 +62,8 @@ def test_one_put_naming_a_key_twice_is_counted_once(engine: Engine) -> None:
     pending_writes.put(engine.db, checkpoint_id, [_write("t", 0, 7), _write("t", 0, 9), _write("t", -2, 100),
                                                   _write("t", -2, 4)])
     recorded, stored = engine.total(checkpoint_id)
-    assert recorded == stored == (7 + 2) + (4 + 2) + 2 * len("bytes")  # values, "t" and "c", the type
+    # values, "t" and "c", the type, the framing
+    assert recorded == stored == (7 + 2) + (4 + 2) + 2 * len("bytes") + 2 * WRITE_FRAMING_BYTES
     assert [(w.index, len(w.value)) for w in pending_writes.list_for(engine.db, checkpoint_id)] == [(-2, 4), (0, 7)]
 
 
@@ -156,8 +114,8 @@ def test_fsck_reports_a_total_that_is_not_the_rows(engine: Engine) -> None:
         session.commit()
     assert sorted(engine.findings()) == sorted([
         (FindingKind.BAD_ROW, checkpoint_id,
-         "pending_write_bytes is 3, but its pending writes total 17 bytes (a put past the limit could be accepted, "
-         "or one within it refused)"),
+         f"pending_write_bytes is 3, but its pending writes total {17 + WRITE_FRAMING_BYTES} bytes (a put past the "
+         "limit could be accepted, or one within it refused)"),
         (FindingKind.BAD_ROW, untouched,
          "pending_write_bytes is 1, but its pending writes total 0 bytes (a put past the limit could be accepted, "
          "or one within it refused)")])
@@ -184,6 +142,6 @@ def test_migration_0007_fills_the_total_from_the_rows_already_stored(any_db_url:
             totals = dict(session.exec(select(CheckpointRow.checkpoint_id, CheckpointRow.pending_write_bytes)).all())
     finally:
         database.dispose()
-    first = 1000 + len("tâche".encode()) + len("canal-€".encode()) + 5 + len("~😀".encode())
-    second = len("tâche".encode()) + len("__error__")
+    first = 1000 + len("tâche".encode()) + len("canal-€".encode()) + 5 + len("~😀".encode()) + 32
+    second = len("tâche".encode()) + len("__error__") + 32  # 32: the framing 0007 counts
     assert totals == {"01JCKPT0000000000000000001": first + second, "01JCKPT0000000000000000002": 0}

@@ -49,14 +49,14 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         return pb.DeleteCheckpointResponse()
 
     def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
-        sides = (request.base_checkpoint_id, request.target_checkpoint_id,
-                 convert.request_paths(request.paths, request.raw_paths), request.text_diffs)
-        page = self.checkpoints.diff_page(*sides, request.page_size, request.page_token)
-        texts = (self.contents.text_diffs(request.base_checkpoint_id, request.target_checkpoint_id, page.changes)
-                 if request.text_diffs else {})
+        paths = convert.request_paths(request.paths, request.raw_paths)
+        page = self.checkpoints.diff_page(request.base_checkpoint_id, request.target_checkpoint_id, paths,
+                                          request.text_diffs, request.page_size, request.page_token)
+        texts = self.contents.text_diffs(page.base_id, page.target_id, page.changes) if request.text_diffs else {}
         listed, cut = convert.changes(page.changes, texts)  # a page also ends at 16 MiB
         more = cut + page.after
-        token = self.checkpoints.diff_token_after(*sides, page.changes[len(listed) - 1]) if more else ""
+        token = (self.checkpoints.diff_token_after(page.base_id, page.target_id, paths, request.text_diffs,
+                                                   page.changes[len(listed) - 1]) if more else "")
         return pb.DiffCheckpointsResponse(changes=listed, changes_omitted=more, next_page_token=token)
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):

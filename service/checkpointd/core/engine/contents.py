@@ -222,17 +222,25 @@ class Contents:
         content the diff saw is UNREADABLE."""
         with self.db.session() as session:
             base = session.get(CheckpointRow, base_id)
-            plan = session.get(PlanRow, base.plan_id) if base is not None and not target_id else None
+            if base is None:
+                # Deleted since the diff read it: its live side (which no store holds) is not read there.
+                raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {base_id} not found", checkpoint_id=base_id)
+            plan = session.get(PlanRow, base.plan_id) if not target_id else None
         live = Workspace(plan.workspace_root) if plan is not None and plan.workspace_root else None
         budget = MAX_TEXT_DIFF_TOTAL
         give_up_at = time.monotonic() + MAX_TEXT_DIFF_SECONDS
         diffs = {}
-        for change in changes:
-            if time.monotonic() > give_up_at:
-                budget = 0
-            result = self._text_diff(change, live if not target_id else None, budget)
-            budget -= len(result.text)
-            diffs[change.path] = result
+        try:
+            for change in changes:
+                if time.monotonic() > give_up_at:
+                    budget = 0
+                result = self._text_diff(change, live if not target_id else None, budget)
+                budget -= len(result.text)
+                diffs[change.path] = result
+        except DataLoss:
+            # An object collected since the diff: NOT_FOUND if its checkpoint was deleted meanwhile.
+            not_found_if_deleted(self.db, *filter(None, (base_id, target_id)))
+            raise
         return diffs
 
     def _text_diff(self, change: Change, live: Workspace | None, budget: int) -> TextDiff:

@@ -27,6 +27,9 @@ _TOKEN_SCOPE = "DiffCheckpoints"
 
 @dataclass(frozen=True)
 class DiffPage:
+    #: The two sides as validated (a ULID in capitals).
+    base_id: str
+    target_id: str
     #: The changes after the page token's path, at most the page size of them.
     changes: list[Change]
     #: How many more differ after those.
@@ -44,6 +47,8 @@ class Diffs:
         """The changes after ``page_token``'s path, at most ``page_size`` (0: all) of them."""
         if page_size < 0:
             raise InvalidArgument(Reason.INVALID_PAGE_SIZE, "page_size must not be negative", page_size=page_size)
+        base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
+        target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
         scope, filter_text = _token_binding(base_id, target_id, paths, text_diffs)
         after = self.page_tokens.check_after_path(page_token, scope, filter_text)
         changes = self.diff(base_id, target_id, paths)
@@ -51,7 +56,7 @@ class Diffs:
             last = after.split("/")
             changes = [c for c in changes if c.path.split("/") > last]
         size = page_size or len(changes)
-        return DiffPage(changes[:size], max(0, len(changes) - size))
+        return DiffPage(base_id, target_id, changes[:size], max(0, len(changes) - size))
 
     def token_after(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
                     last: Change) -> str:

@@ -23,12 +23,13 @@ from sqlmodel import col, select
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import InvalidArgument, NotFound, Reason, ResourceExhausted
 from checkpointd.core.metadata.db import Database
-from checkpointd.core.metadata.models import CheckpointRow, PendingWriteRow, stored_bytes
+from checkpointd.core.metadata.models import WRITE_FRAMING_BYTES, CheckpointRow, PendingWriteRow, stored_bytes
 
 MAX_WRITES = 1000
 MAX_TOTAL_BYTES = 16 * 1024 * 1024
-#: All of one checkpoint's pending writes (values and names): ListPendingWrites answers them in
-#: one message, which must stay within the server's 64 MiB, so a put past this is refused.
+#: All of one checkpoint's pending writes (values, names and their framing, see ``_size``):
+#: ListPendingWrites answers them in one message, which must stay within the server's 64 MiB, so a
+#: put past this is refused.
 MAX_CHECKPOINT_BYTES = 32 * 1024 * 1024
 MAX_NAME = 256
 MAX_VALUE_TYPE = 64
@@ -145,7 +146,7 @@ def _put_once(db: Database, checkpoint_id: str, chosen: dict[tuple[str, int], Pe
 def _size(write: PendingWrite) -> int:
     """A write's bytes as ``stored_bytes`` counts them once it is stored."""
     return len(write.value) + sum(len(text.encode()) for text in (write.channel, write.task_id, write.value_type,
-                                                                   write.task_path))
+                                                                   write.task_path)) + WRITE_FRAMING_BYTES
 
 
 def list_for(db: Database, checkpoint_id: str) -> list[PendingWrite]:

@@ -66,7 +66,7 @@ class CheckpointRow(SQLModel, table=True):
     ignore_patterns: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     excluded_paths: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     rollback_target_checkpoint_id: str | None = Field(default=None, max_length=26)
-    #: What the checkpoint's pending writes total (values and names, in bytes), kept by every put
+    #: What the checkpoint's pending writes total (values, names and framing, in bytes), kept by every put
     #: so that it is checked against the limit without reading them (``pending_writes``; fsck
     #: checks it against the rows).
     pending_write_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
@@ -166,14 +166,21 @@ class PendingWriteRow(SQLModel, table=True):
     task_path: str = Field(default="", max_length=1024)
 
 
+#: What a pending write costs in a ListPendingWritesResponse beyond its value and names, at most: the
+#: tags and lengths of its fields and of itself, and a negative index's 10-byte varint. Counted with
+#: each write, so that the checkpoint's limit bounds the answer however small its writes (at 3 bytes
+#: each, 32 MiB of them made a 150 MiB answer, past the 64 MiB a message may take).
+WRITE_FRAMING_BYTES = 32
+
+
 def stored_bytes(is_sqlite: bool) -> ColumnElement[int]:
     """A pending write's bytes in SQL, as ``checkpoints.pending_write_bytes`` counts them: its value's
-    length (of a blob: bytes, read from the record's header without the value) and its names' UTF-8
-    lengths (SQLite's length() of text counts characters)."""
+    length (of a blob: bytes, read from the record's header without the value), its names' UTF-8
+    lengths (SQLite's length() of text counts characters) and WRITE_FRAMING_BYTES."""
 
     def size(column):
         return func.length(cast(column, LargeBinary)) if is_sqlite else func.octet_length(column)
 
     row = PendingWriteRow
     return (func.length(row.value) + size(row.channel) + size(row.task_id) + size(row.value_type)
-            + size(row.task_path))
+            + size(row.task_path) + WRITE_FRAMING_BYTES)

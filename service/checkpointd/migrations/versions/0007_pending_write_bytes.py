@@ -18,12 +18,13 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("checkpoints", sa.Column("pending_write_bytes", sa.BigInteger, nullable=False, server_default="0"))
-    # Bytes, as a put counts them: the value's length and each name's UTF-8 length (SQLite's
-    # length() of text counts characters, of a blob bytes).
+    # Bytes, as a put counts them: the value's length, each name's UTF-8 length (SQLite's length()
+    # of text counts characters, of a blob bytes) and 32 bytes of framing (models.WRITE_FRAMING_BYTES
+    # when this was written; a migration keeps its own figures).
     size = "octet_length({})" if op.get_bind().dialect.name == "postgresql" else "length(CAST({} AS BLOB))"
     names = " + ".join(size.format(column) for column in ("channel", "task_id", "value_type", "task_path"))
     op.execute(
-        f"UPDATE checkpoints SET pending_write_bytes = (SELECT coalesce(sum(length(value) + {names}), 0) "
+        f"UPDATE checkpoints SET pending_write_bytes = (SELECT coalesce(sum(length(value) + {names} + 32), 0) "
         "FROM pending_writes WHERE pending_writes.checkpoint_id = checkpoints.checkpoint_id) "
         "WHERE checkpoint_id IN (SELECT checkpoint_id FROM pending_writes)")
 
