@@ -42,12 +42,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _serve_args(base: Path) -> list[str]:
+    """`serve`'s arguments: data and workspace under ``base``, TCP and the unix socket s.sock."""
+    return ["--data-dir", str(base / "data"), "--workspace-root", str(base),
+            "--listen", f"127.0.0.1:{free_port()}", "--listen", f"unix://{base / 's.sock'}"]
+
+
 def _serve(base: Path, signal_name: str, times: int) -> subprocess.CompletedProcess:
-    sock = base / "s.sock"
-    args = ["--data-dir", str(base / "data"), "--workspace-root", str(base),
-            "--listen", f"127.0.0.1:{free_port()}", "--listen", f"unix://{sock}"]
     try:
-        return subprocess.run([sys.executable, "-c", SCRIPT, signal_name, str(times), *args],
+        return subprocess.run([sys.executable, "-c", SCRIPT, signal_name, str(times), *_serve_args(base)],
                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{signal_name} x{times} while the server was built did not stop it (it served):\n{exc.stdout}"
@@ -101,10 +104,8 @@ def test_sigterm_delivered_to_another_thread_drains_the_server(base):
     """Python runs handlers in the main thread only, and a signal the kernel hands to another thread
     does not wake a main thread blocked on a lock: the server waited for good (2 runs in ~40 under
     load, where the kernel picked another thread). The main thread now wakes to run them."""
-    args = ["--data-dir", str(base / "data"), "--workspace-root", str(base),
-            "--listen", f"127.0.0.1:{free_port()}", "--listen", f"unix://{base / 's.sock'}"]
     try:
-        done = subprocess.run([sys.executable, "-c", ANOTHER_THREAD_SCRIPT, *args],
+        done = subprocess.run([sys.executable, "-c", ANOTHER_THREAD_SCRIPT, *_serve_args(base)],
                               capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"SIGTERM delivered to another thread never drained the server:\n{exc.stderr}")
@@ -149,10 +150,8 @@ def test_a_second_signal_delivered_to_another_thread_interrupts_a_waiting_build(
     """The main thread waits for the build in slices, as it waits while serving: the kernel may hand
     a signal to another thread, and a main thread blocked on a lock for good never ran its handler,
     so a second Ctrl-C could not stop a build that waits (on a database, say) until it ended."""
-    args = ["--data-dir", str(base / "data"), "--workspace-root", str(base),
-            "--listen", f"127.0.0.1:{free_port()}", "--listen", f"unix://{base / 's.sock'}"]
     try:
-        done = subprocess.run([sys.executable, "-c", BUILD_SIGNALLED_ELSEWHERE_SCRIPT, *args],
+        done = subprocess.run([sys.executable, "-c", BUILD_SIGNALLED_ELSEWHERE_SCRIPT, *_serve_args(base)],
                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"two SIGINTs delivered to the loop thread did not stop the build:\n{exc.stdout}\n{exc.stderr}")

@@ -142,7 +142,8 @@ def test_the_group_writer_stores_every_column_exactly_as_core_does(db_url):
                     "labels": {"k": "v\u00e9"}, "create_time": datetime(2026, 11, 30, 5, 6, 7, 123456, tzinfo=UTC),
                     "workspace_root": "/w", "tree_digest": "ab" * 32, "file_count": 3, "total_size_bytes": 2**40,
                     "state_digest": None, "state_size_bytes": 0, "skipped": [["a/b", "UNREADABLE", "x"]],
-                    "ignore_patterns": ["*.log"], "excluded_paths": [], "rollback_target_checkpoint_id": None}
+                    "ignore_patterns": ["*.log"], "excluded_paths": [], "rollback_target_checkpoint_id": None,
+                    "pending_write_bytes": 0}
 
         roots_read = []
 
