@@ -129,11 +129,12 @@ def serve(args: argparse.Namespace, pending: list[int]) -> int:
 
     def note_while_building(received: int, _frame) -> None:
         pending.append(received)
-        if len(pending) == 2:
-            raise KeyboardInterrupt  # once: later ones must not interrupt the half-built server's teardown
-        # os.write: a signal handler may run in the middle of a print to the same stream.
-        os.write(2, f"checkpointd serve: {signal.Signals(received).name} while starting: stopping once the "
-                    "server is built (send it again to stop at once)\n".encode())
+        if len(pending) == 1:
+            # os.write: a signal handler may run in the middle of a print to the same stream.
+            os.write(2, f"checkpointd serve: {signal.Signals(received).name} while starting: stopping once the "
+                        "server is built (send it again to stop at once)\n".encode())
+        elif len(pending) == 2:
+            raise KeyboardInterrupt  # once: a later one must not interrupt the half-built server's undoing
 
     configure_logging(args.log_level, LogFormat(args.log_format))
     settings = server_settings(args)

@@ -79,8 +79,10 @@ def _interrupted_build(base: Path, third: str = "") -> subprocess.CompletedProce
 @pytest.mark.parametrize("third", ["", "teardown"])
 def test_second_signal_after_the_socket_is_bound_leaves_no_socket_file(base, third):
     """The half-built server is undone like a stopped one (it left its socket file), and a third
-    signal while that runs is only noted (it interrupted the undoing)."""
+    signal while that runs is only noted (it interrupted the undoing), without asking again for a
+    second one."""
     done = _interrupted_build(base, third)
+    assert done.stderr.count("send it again to stop at once") == 1, done.stderr
     assert done.returncode == 130, (done.stdout, done.stderr)
     assert "interrupted while starting" in done.stderr
     no_traceback(done.stderr)
