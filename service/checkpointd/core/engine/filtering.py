@@ -161,7 +161,6 @@ class PageTokens:
         raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
                               "page_token was not issued by this service for this request's filter")
 
-
     def issue_after_path(self, scope: str, filter_text: str, path: str) -> str:
         """A token to continue after workspace path ``path`` (any name, not UTF-8 included)."""
         return self.issue_after(scope, filter_text,

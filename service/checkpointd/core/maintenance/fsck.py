@@ -254,14 +254,13 @@ def check(db: Database, store, journal_directory: Path | None = None, full: bool
         rows = list(session.exec(select(CheckpointRow)).all())
         plans = {p.plan_id: p for p in session.exec(select(PlanRow)).all()}
         # One statement, so that a put committing meanwhile is counted on both sides or neither.
+        held = func.coalesce(func.sum(stored_bytes(db.is_sqlite)), 0)
         drifted = session.exec(
-            select(CheckpointRow.checkpoint_id, CheckpointRow.pending_write_bytes,
-                   func.coalesce(func.sum(stored_bytes(db.is_sqlite)), 0))
+            select(CheckpointRow.checkpoint_id, CheckpointRow.pending_write_bytes, held)
             .join(PendingWriteRow, col(PendingWriteRow.checkpoint_id) == col(CheckpointRow.checkpoint_id),
                   isouter=True)
             .group_by(col(CheckpointRow.checkpoint_id), col(CheckpointRow.pending_write_bytes))
-            .having(func.coalesce(func.sum(stored_bytes(db.is_sqlite)), 0)
-                    != col(CheckpointRow.pending_write_bytes))).all()
+            .having(held != col(CheckpointRow.pending_write_bytes))).all()
     report.plans = len(plans)
     report.checkpoints = len(rows)
     for checkpoint_id, recorded, stored in drifted:
