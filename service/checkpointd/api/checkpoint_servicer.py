@@ -56,7 +56,7 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         listed, cut = convert.changes(page.changes, texts)  # a page also ends at 16 MiB
         more = cut + page.after
         token = (self.checkpoints.diff_token_after(page.base_id, page.target_id, paths, request.text_diffs,
-                                                   page.changes[len(listed) - 1]) if more else "")
+                                                   page.changes[len(listed) - 1], more) if more else "")
         return pb.DiffCheckpointsResponse(changes=listed, changes_omitted=more, next_page_token=token)
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):

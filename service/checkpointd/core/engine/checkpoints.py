@@ -105,8 +105,8 @@ class Checkpoints:
         return self._diffs.page(base_id, target_id, paths, text_diffs, page_size, page_token)
 
     def diff_token_after(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
-                         last: Change) -> str:
-        return self._diffs.token_after(base_id, target_id, paths, text_diffs, last)
+                         last: Change, remaining: int) -> str:
+        return self._diffs.token_after(base_id, target_id, paths, text_diffs, last, remaining)
 
     def rollback(self, req: RollbackRequest) -> RollbackResult:
         return self._rollbacks.rollback(req)

@@ -121,7 +121,8 @@ class Contents:
         size = filtering.page_size(page_size)
         row = self._files_of(checkpoint_id)
         scope = f"{_LIST_TOKEN_SCOPE}\0{row.checkpoint_id}\0{int(recursive)}"
-        after_path = self.page_tokens.check_after_path(page_token, scope, path)
+        resume = self.page_tokens.check_after_path(page_token, scope, path)
+        after_path = None if resume is None else resume.path
         try:
             return self._page(row, path, recursive, size, scope, after_path)
         except DataLoss:

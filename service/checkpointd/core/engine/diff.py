@@ -6,10 +6,17 @@ and text_diffs. The next page lists the changes after that path in the diff's or
 before children, names sorted: the order of the paths' component lists), so a diff against the
 live workspace, taken anew for each page, never lists a path twice, and lists a change made
 between two pages only if its path comes after the last one listed.
+
+The walk of the two trees starts at the token's path (subtrees before it are not read). Between
+two checkpoints, which never change, the token also carries how many changes the later pages
+hold, so a page reads only its own changes: paging costs what the whole diff costs once, not
+once per page. Against the live workspace each page counts what is left again.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from checkpointd.core.engine.filtering import PageTokens
@@ -50,20 +57,26 @@ class Diffs:
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
         target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
         scope, filter_text = _token_binding(base_id, target_id, paths, text_diffs)
-        after = self.page_tokens.check_after_path(page_token, scope, filter_text)
-        changes = self.diff(base_id, target_id, paths)
-        if after is not None:
-            last = after.split("/")
-            changes = [c for c in changes if c.path.split("/") > last]
+        resume = self.page_tokens.check_after_path(page_token, scope, filter_text)
+        after = () if resume is None else tuple(resume.path.split("/"))
+        if target_id and resume is not None and resume.remaining is not None:
+            changes = self.diff(base_id, target_id, paths, after, limit=page_size or None)
+            return DiffPage(base_id, target_id, changes, max(0, resume.remaining - len(changes)))
+        changes = self.diff(base_id, target_id, paths, after)
         size = page_size or len(changes)
         return DiffPage(base_id, target_id, changes[:size], max(0, len(changes) - size))
 
     def token_after(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
-                    last: Change) -> str:
-        """The token of the page that follows ``last``."""
-        return self.page_tokens.issue_after_path(*_token_binding(base_id, target_id, paths, text_diffs), last.path)
+                    last: Change, remaining: int) -> str:
+        """The token of the page that follows ``last``, ``remaining`` changes after it (counted
+        again by each page of a live diff, whose later pages may differ)."""
+        return self.page_tokens.issue_after_path(*_token_binding(base_id, target_id, paths, text_diffs), last.path,
+                                                 remaining if target_id else None)
 
-    def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = ()) -> list[Change]:
+    def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = (), after: tuple[str, ...] = (),
+             limit: int | None = None) -> list[Change]:
+        """The changes from ``base_id`` to ``target_id`` (or the live workspace) under ``paths``
+        (all when empty): those after path components ``after``, at most ``limit`` of them."""
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
         target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
         subset = path_subset(paths)
@@ -85,14 +98,15 @@ class Diffs:
             else:
                 plan = session.get(PlanRow, base.plan_id)
         try:
-            changes = (list(self.parts.trees.diff(base.tree_digest, target_tree)) if target_id
-                       else self._diff_live(base, plan))
+            if target_id:
+                return _first(self.parts.trees.diff(base.tree_digest, target_tree, after=after), subset, limit)
+            return self._diff_live(base, plan, after, subset, limit)
         except DataLoss:
             not_found_if_deleted(self.parts.db, *filter(None, (base_id, target_id)))
             raise
-        return [c for c in changes if not subset or is_under(c.path, subset)]
 
-    def _diff_live(self, base: CheckpointRow, plan: PlanRow) -> list[Change]:
+    def _diff_live(self, base: CheckpointRow, plan: PlanRow, after: tuple[str, ...], subset: tuple[str, ...],
+                   limit: int | None) -> list[Change]:
         """Diff against a capture that no checkpoint references: the GC fence is held until
         the diff has read every node of it, then its batch is dropped, so that nothing builds
         on a capture garbage collection would not keep (the previous capture stays the base,
@@ -104,9 +118,14 @@ class Diffs:
             batch = parts.store.batch()
             try:
                 live_tree = parts.capture(plan, batch)[0].tree
-                return list(parts.trees.diff(base.tree_digest, live_tree))
+                return _first(parts.trees.diff(base.tree_digest, live_tree, after=after), subset, limit)
             finally:
                 batch.abort()
+
+
+def _first(changes: Iterator[Change], subset: tuple[str, ...], limit: int | None) -> list[Change]:
+    """The first ``limit`` (None: all) of ``changes`` under ``subset`` (empty: anywhere)."""
+    return list(itertools.islice((c for c in changes if not subset or is_under(c.path, subset)), limit))
 
 
 def _token_binding(base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool) -> tuple[str, str]:

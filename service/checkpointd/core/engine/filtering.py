@@ -20,6 +20,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from checkpointd.core.kernel.errors import CheckpointdError, InvalidArgument, Reason
 from checkpointd.core.kernel.vocabulary import parse_phase, parse_trigger
@@ -161,20 +162,40 @@ class PageTokens:
         raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
                               "page_token was not issued by this service for this request's filter")
 
-    def issue_after_path(self, scope: str, filter_text: str, path: str) -> str:
-        """A token to continue after workspace path ``path`` (any name, not UTF-8 included)."""
-        return self.issue_after(scope, filter_text,
-                                base64.urlsafe_b64encode(path.encode("utf-8", "surrogateescape")).decode("ascii"))
+    def issue_after_path(self, scope: str, filter_text: str, path: str, remaining: int | None = None) -> str:
+        """A token to continue after workspace path ``path`` (any name, not UTF-8 included).
+        ``remaining``, for a list that cannot change between its pages, is how many items the
+        later pages hold: the next page need not count them again."""
+        key = base64.urlsafe_b64encode(path.encode("utf-8", "surrogateescape")).decode("ascii")
+        if remaining is not None:
+            key = f"{remaining}{_REMAINING_ENDS}{key}"  # '.' is not in base64url's alphabet
+        return self.issue_after(scope, filter_text, key)
 
-    def check_after_path(self, token: str, scope: str, filter_text: str) -> str | None:
-        """The path ``issue_after_path`` put in ``token``, or None for the first page."""
-        key = self.check_after(token, scope, filter_text, LONGEST_PATH_KEY)
-        return None if key is None else base64.urlsafe_b64decode(key).decode("utf-8", "surrogateescape")
+    def check_after_path(self, token: str, scope: str, filter_text: str) -> PathResume | None:
+        """Where ``issue_after_path``'s ``token`` resumes, or None for the first page."""
+        key = self.check_after(token, scope, filter_text, LONGEST_PATH_KEY + _LONGEST_REMAINING)
+        if key is None:
+            return None
+        count, _, encoded = key.rpartition(_REMAINING_ENDS)
+        remaining = int(count) if count.isdigit() and count.isascii() else None
+        return PathResume(base64.urlsafe_b64decode(encoded).decode("utf-8", "surrogateescape"), remaining)
+
+
+class PathResume(NamedTuple):
+    """Where a path-keyed page resumes: after ``path``; ``remaining``, when the token carries
+    it, is how many items the pages from there hold."""
+
+    path: str
+    remaining: int | None
 
 
 _KEY_TOKEN_VERSION = 2
 #: Longest page-token key that names a path (its bytes in base64) accepted: paths of up to 96 KiB.
 LONGEST_PATH_KEY = 128 * 1024
+#: What ends a path-keyed token's count of the items left (see ``issue_after_path``), and the
+#: longest such count with it.
+_REMAINING_ENDS = "."
+_LONGEST_REMAINING = 21
 
 
 def _max_key_token(longest_key: int) -> int:

@@ -22,7 +22,7 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from checkpointd.core.store.content_store import Batch, ContentStore, digest_bytes
@@ -290,26 +290,36 @@ class Trees:
                     {n: e for p in target_node.digests if p not in shared for n, e in self._part(p).items()})
         return (self.read(base) if base else {}), (self.read(target) if target else {})
 
-    def diff(self, base: str | None, target: str | None, prefix: str = "") -> Iterator[Change]:
-        """Paths that differ, parents before children, skipping equal subtrees.
+    def diff(self, base: str | None, target: str | None, prefix: str = "",
+             after: Sequence[str] = ()) -> Iterator[Change]:
+        """Paths that differ, parents before children, skipping equal subtrees: the order of the
+        paths' component lists (``a/b`` before ``a.txt``).
 
-        A directory present on both sides is reported only when its mode differs.
+        A directory present on both sides is reported only when its mode differs. ``after``, a
+        path's component list (below ``prefix``), resumes a listing: only the changes whose paths
+        sort after it are listed, and the subtrees that sort wholly before it are not read.
         """
         if base == target:
             return
         base_node, target_node = self._differing(base, target)
-        for name in sorted(base_node.keys() | target_node.keys()):
+        names = sorted(base_node.keys() | target_node.keys())
+        if after:
+            names = names[bisect.bisect_left(names, after[0]):]
+        for name in names:
             b, t = base_node.get(name), target_node.get(name)
             if b is not None and t is not None and b.same_content(t) and b.target == t.target:
                 continue
             path = f"{prefix}{name}"
+            # On the resume path: this path is ``after`` or comes before it, and its children
+            # are bounded by the rest of ``after`` (none: all of them come after it).
+            on_resume_path = bool(after) and name == after[0]
             both_dirs = b is not None and t is not None and b.kind is t.kind is EntryKind.DIR
-            if not (both_dirs and b.mode == t.mode):
+            if not (both_dirs and b.mode == t.mode) and not on_resume_path:
                 yield Change(path, b, t)
             b_dir = b.digest if b is not None and b.kind is EntryKind.DIR else None
             t_dir = t.digest if t is not None and t.kind is EntryKind.DIR else None
             if b_dir or t_dir:
-                yield from self.diff(b_dir, t_dir, path + "/")
+                yield from self.diff(b_dir, t_dir, path + "/", after[1:] if on_resume_path else ())
 
     def apply(self, batch: Batch, root: str, updates: Mapping[str, Entry | None]) -> str:
         """A new root with ``updates`` applied: path -> entry, or None to remove.
