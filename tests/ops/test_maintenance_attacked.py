@@ -137,10 +137,10 @@ def test_a_diff_whose_checkpoint_is_deleted_and_collected_midway_is_not_found(en
     if against == "checkpoint":
         real_diff = trees.diff
 
-        def collected_before_the_walk(base, target, prefix=""):
+        def collected_before_the_walk(base, target, *args, **kwargs):
             if not fired:
                 delete_and_collect()
-            return real_diff(base, target, prefix)
+            return real_diff(base, target, *args, **kwargs)
 
         monkeypatch.setattr(trees, "diff", collected_before_the_walk)
         call = lambda: engine.checkpoints.diff(first.checkpoint_id, second.checkpoint_id)  # noqa: E731
@@ -148,9 +148,9 @@ def test_a_diff_whose_checkpoint_is_deleted_and_collected_midway_is_not_found(en
         diffs = engine.checkpoints._diffs
         real_live = diffs._diff_live
 
-        def collected_before_the_fence(base, plan):
+        def collected_before_the_fence(base, plan, *args):
             delete_and_collect()
-            return real_live(base, plan)
+            return real_live(base, plan, *args)
 
         monkeypatch.setattr(diffs, "_diff_live", collected_before_the_fence)
         call = lambda: engine.checkpoints.diff(first.checkpoint_id)  # noqa: E731

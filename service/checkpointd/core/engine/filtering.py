@@ -102,6 +102,11 @@ _MAC_BYTES = hashlib.sha256().digest_size
 _TOKEN = re.compile(rf"[A-Za-z0-9_-]{{{-(-(_TOKEN_BODY.size + _MAC_BYTES) * 4 // 3)}}}")
 
 
+_KEY_TOKEN_VERSION = 2
+#: A path key with the count of the items left before it (see ``issue_after_path``).
+_COUNTED_KEY_TOKEN_VERSION = 3
+
+
 class PageTokens:
     """Issues and checks page tokens (see module docstring). ``key`` is called once, when
     the first token is issued or checked."""
@@ -139,15 +144,21 @@ class PageTokens:
         raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
                               "page_token was not issued by this service for this plan_id and filter")
 
-    def issue_after(self, scope: str, filter_text: str, key: str) -> str:
+    def issue_after(self, scope: str, filter_text: str, key: str, version: int = _KEY_TOKEN_VERSION) -> str:
         """A token to continue after ``key`` (an ASCII string such as a plan id), for lists
         that page by a string key rather than by a checkpoint sequence."""
-        body = bytes([_KEY_TOKEN_VERSION]) + key.encode("ascii")
+        body = bytes([version]) + key.encode("ascii")
         return base64.urlsafe_b64encode(body + self._mac(scope, filter_text, body)).decode().rstrip("=")
 
     def check_after(self, token: str, scope: str, filter_text: str, longest_key: int = 128) -> str | None:
         """The key to continue after, or None for the first page (no token). A token whose key
         could be longer than ``longest_key`` characters is refused unread."""
+        checked = self._check_key(token, scope, filter_text, longest_key, (_KEY_TOKEN_VERSION,))
+        return None if checked is None else checked[1]
+
+    def _check_key(self, token: str, scope: str, filter_text: str, longest_key: int,
+                   versions: tuple[int, ...]) -> tuple[int, str] | None:
+        """A key token's version (one of ``versions``) and key, or None for no token."""
         if not token:
             return None
         if len(token) <= _max_key_token(longest_key) and re.fullmatch(r"[A-Za-z0-9_-]+", token):
@@ -156,9 +167,8 @@ class PageTokens:
             except ValueError:
                 raw = b""
             body, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
-            if len(body) > 1 and body[0] == _KEY_TOKEN_VERSION and hmac.compare_digest(
-                    mac, self._mac(scope, filter_text, body)):
-                return body[1:].decode("ascii")
+            if len(body) > 1 and body[0] in versions and hmac.compare_digest(mac, self._mac(scope, filter_text, body)):
+                return body[0], body[1:].decode("ascii")
         raise InvalidArgument(Reason.INVALID_PAGE_TOKEN,
                               "page_token was not issued by this service for this request's filter")
 
@@ -167,18 +177,26 @@ class PageTokens:
         ``remaining``, for a list that cannot change between its pages, is how many items the
         later pages hold: the next page need not count them again."""
         key = base64.urlsafe_b64encode(path.encode("utf-8", "surrogateescape")).decode("ascii")
-        if remaining is not None:
-            key = f"{remaining}{_REMAINING_ENDS}{key}"  # '.' is not in base64url's alphabet
-        return self.issue_after(scope, filter_text, key)
+        if remaining is None:
+            return self.issue_after(scope, filter_text, key)
+        # A version of its own, which a release that knows only path keys refuses (a replica
+        # not yet upgraded would otherwise read the count as part of the path).
+        return self.issue_after(scope, filter_text, f"{remaining}{_REMAINING_ENDS}{key}", _COUNTED_KEY_TOKEN_VERSION)
 
     def check_after_path(self, token: str, scope: str, filter_text: str) -> PathResume | None:
         """Where ``issue_after_path``'s ``token`` resumes, or None for the first page."""
-        key = self.check_after(token, scope, filter_text, LONGEST_PATH_KEY + _LONGEST_REMAINING)
-        if key is None:
+        checked = self._check_key(token, scope, filter_text, LONGEST_PATH_KEY + _LONGEST_REMAINING,
+                                  (_KEY_TOKEN_VERSION, _COUNTED_KEY_TOKEN_VERSION))
+        if checked is None:
             return None
-        count, _, encoded = key.rpartition(_REMAINING_ENDS)
-        remaining = int(count) if count.isdigit() and count.isascii() else None
-        return PathResume(base64.urlsafe_b64decode(encoded).decode("utf-8", "surrogateescape"), remaining)
+        version, key = checked
+        remaining = None
+        if version == _COUNTED_KEY_TOKEN_VERSION:
+            count, _, key = key.partition(_REMAINING_ENDS)
+            if not (count.isascii() and count.isdigit()):
+                raise InvalidArgument(Reason.INVALID_PAGE_TOKEN, "page_token is malformed")
+            remaining = int(count)
+        return PathResume(base64.urlsafe_b64decode(key).decode("utf-8", "surrogateescape"), remaining)
 
 
 class PathResume(NamedTuple):
@@ -189,7 +207,6 @@ class PathResume(NamedTuple):
     remaining: int | None
 
 
-_KEY_TOKEN_VERSION = 2
 #: Longest page-token key that names a path (its bytes in base64) accepted: paths of up to 96 KiB.
 LONGEST_PATH_KEY = 128 * 1024
 #: What ends a path-keyed token's count of the items left (see ``issue_after_path``), and the

@@ -279,16 +279,12 @@ class Trees:
             digest = entry.digest
         return self.child(digest, parts[-1])
 
-    def _differing(self, base: str | None, target: str | None) -> tuple[dict[str, Entry], dict[str, Entry]]:
-        """The children of two directories, less those of parts both are split into the same:
-        such a child is the same on both sides."""
-        base_node = self._node(base) if base else {}
-        target_node = self._node(target) if target else {}
-        if isinstance(base_node, Index) and isinstance(target_node, Index):
-            shared = set(base_node.digests) & set(target_node.digests)
-            return ({n: e for p in base_node.digests if p not in shared for n, e in self._part(p).items()},
-                    {n: e for p in target_node.digests if p not in shared for n, e in self._part(p).items()})
-        return (self.read(base) if base else {}), (self.read(target) if target else {})
+    def _children_from(self, node: Index, from_name: str, shared: set[str]) -> Iterator[tuple[str, Entry]]:
+        """A split directory's children in name order, read a part at a time as they are taken:
+        less those of ``shared`` parts, and from the part ``from_name`` would be in."""
+        for part in node.digests[node.locate(from_name) if from_name else 0:]:
+            if part not in shared:
+                yield from sorted(self._part(part).items())
 
     def diff(self, base: str | None, target: str | None, prefix: str = "",
              after: Sequence[str] = ()) -> Iterator[Change]:
@@ -301,12 +297,26 @@ class Trees:
         """
         if base == target:
             return
-        base_node, target_node = self._differing(base, target)
-        names = sorted(base_node.keys() | target_node.keys())
-        if after:
-            names = names[bisect.bisect_left(names, after[0]):]
-        for name in names:
-            b, t = base_node.get(name), target_node.get(name)
+        base_node = self._node(base) if base else {}
+        target_node = self._node(target) if target else {}
+        first = after[0] if after else ""
+        if isinstance(base_node, Index) or isinstance(target_node, Index):
+            # Parts both sides are split into the same hold the same children: not read. The
+            # rest are read as the walk reaches them, so a page that ends early reads no more.
+            shared = (set(base_node.digests) & set(target_node.digests)
+                      if isinstance(base_node, Index) and isinstance(target_node, Index) else set())
+            pairs = _merged(self._children_from(base_node, first, shared) if isinstance(base_node, Index)
+                            else iter(sorted(base_node.items())),
+                            self._children_from(target_node, first, shared) if isinstance(target_node, Index)
+                            else iter(sorted(target_node.items())))
+        else:
+            names = sorted(base_node.keys() | target_node.keys())
+            if first:
+                names = names[bisect.bisect_left(names, first):]
+            pairs = ((name, base_node.get(name), target_node.get(name)) for name in names)
+        for name, b, t in pairs:
+            if name < first:  # in the part the resume name is in, before it
+                continue
             if b is not None and t is not None and b.same_content(t) and b.target == t.target:
                 continue
             path = f"{prefix}{name}"
@@ -388,3 +398,19 @@ class Trees:
         if carried:
             parts.append(self._write_part(batch, carried, index.digests[-1]))
         return self._write_index(batch, parts, root)
+
+
+def _merged(base: Iterator[tuple[str, Entry]],
+            target: Iterator[tuple[str, Entry]]) -> Iterator[tuple[str, Entry | None, Entry | None]]:
+    """Two name-ordered streams of children as (name, base entry, target entry), in name order."""
+    b, t = next(base, None), next(target, None)
+    while b is not None or t is not None:
+        if t is None or (b is not None and b[0] < t[0]):
+            yield b[0], b[1], None
+            b = next(base, None)
+        elif b is None or t[0] < b[0]:
+            yield t[0], None, t[1]
+            t = next(target, None)
+        else:
+            yield b[0], b[1], t[1]
+            b, t = next(base, None), next(target, None)
