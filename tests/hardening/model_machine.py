@@ -223,8 +223,8 @@ CRASH_POINTS = ("create.captured:1", "create.committed:1", "rollback.planned:1",
 AFTER_THE_RACE = ("create.captured:1", "create.committed:1", "restore.change:2", "workspace.write:2",
                   "rollback.applied:1")
 #: How often random_steps takes each rule.
-STEP_WEIGHTS = {"edit": 6, "create": 3, "rollback": 3, "diff_live": 1, "delete_checkpoint": 1, "set_retention": 0.5,
-                "collect": 0.6, "restart": 0.3}
+STEP_WEIGHTS = {"edit": 6, "create": 3, "rollback": 3, "diff_live": 1, "diff_pages": 1.5, "delete_checkpoint": 1,
+                "set_retention": 0.5, "collect": 0.6, "restart": 0.3}
 COMPACTION_CRASHES = ("", "compact.copied:1", "compact.synced:1")
 
 
@@ -335,6 +335,29 @@ class ModelMachine(Calls, RuleBasedStateMachine):
         want = ws.diff(self.acked[base].tree, ws.capture(self.disk()))
         assert reported(changes) == want, f"diff of {base} against the live workspace:\n" + mismatch(
             reported(changes), want)
+
+    def diff_pages(self, data, page_size: int, live: bool):
+        """A diff read a few changes a page (the token resumes the tree walk and, between two
+        checkpoints, carries the count of what is left): the pages are the model's diff, each path
+        once, and each page's changes_omitted is what the later pages hold."""
+        base, target = self.pick(data), "" if live else self.pick(data)
+        want = ws.diff(self.acked[base].tree, self.acked[target].tree if target else ws.capture(self.disk()))
+        listed: dict[str, ws.ChangeRow] = {}
+        token = ""
+        while True:
+            page = self.call("DiffCheckpoints", pb.DiffCheckpointsRequest(
+                base_checkpoint_id=base, target_checkpoint_id=target, page_size=page_size, page_token=token))
+            rows = reported(page.changes)
+            assert len(rows) == len(page.changes) <= page_size and not rows.keys() & listed.keys(), page
+            listed |= rows
+            assert page.changes_omitted == len(want) - len(listed), (base, target, page_size, page.changes_omitted)
+            token = page.next_page_token
+            if token and target:
+                self.cluster.stats["diff pages resumed between two checkpoints"] += 1
+            if not token:
+                break
+        assert listed == want, f"pages of {page_size} from {base} to {target or 'the workspace'}:\n" + mismatch(
+            listed, want)
 
     def delete_checkpoint(self, data):
         doomed = self.pick(data)
@@ -485,6 +508,7 @@ class ModelMachine(Calls, RuleBasedStateMachine):
                 "edit": lambda: {"edits": [random_edit(rng) for _ in range(rng.randint(1, 4))]},
                 "create": lambda: {"pinned": rng.random() < 0.2, "state": rng.randrange(2**16)},
                 "diff_live": lambda: {"data": rng},
+                "diff_pages": lambda: {"data": rng, "page_size": rng.randint(1, 3), "live": rng.random() < 0.3},
                 "delete_checkpoint": lambda: {"data": rng},
                 "set_retention": lambda: {"keep": rng.choice([0, 1, 2, 4])},
                 "collect": lambda: {"crash_at": rng.choice(COMPACTION_CRASHES)},

@@ -79,7 +79,8 @@ def run_machine(cluster: Cluster, examples: int, steps: int, restart_budget: int
     # The machine must have reached what it is meant to test (with the fixed seed it does).
     if "CHECKPOINTD_MODEL_REPRODUCE" not in os.environ:
         for what in ("calls CreateCheckpoint", "rollbacks checked byte for byte", "kills at armed points",
-                     "writes racing a rollback", "collections", "checkpoints holding a split directory"):
+                     "writes racing a rollback", "collections", "checkpoints holding a split directory",
+                     "diff pages resumed between two checkpoints"):
             assert stats[what] > 0, f"no {what} in this run: {dict(stats)}"
 
 
