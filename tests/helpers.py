@@ -109,3 +109,16 @@ def at_fault_point(monkeypatch: pytest.MonkeyPatch, module: object, which: objec
 
     monkeypatch.setattr(module, "crash_point", point)
     return reached
+
+
+def nodes_read(trees, call: Callable[[], object]) -> list[str]:
+    """The tree nodes (digests, in order, repeats kept) that ``call`` reads through ``trees``,
+    cached or not: what a walk visits."""
+    read: list[str] = []
+    node = trees._node
+    trees._node = lambda digest: read.append(digest) or node(digest)
+    try:
+        call()
+    finally:
+        del trees._node
+    return read

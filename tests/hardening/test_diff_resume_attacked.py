@@ -27,7 +27,7 @@ from checkpointd.core.store import tree as tree_module
 from checkpointd.core.store.tree import EntryKind
 from tests.core.restore.test_rollback_write_path_attacked import Plan, write
 from tests.hardening.support import start_with_faults
-from tests.helpers import error_info
+from tests.helpers import error_info, nodes_read
 from tests.ops.test_maintenance_engine import Engine as MaintenanceEngine
 
 
@@ -214,15 +214,20 @@ def test_pages_cut_at_the_byte_limit_count_and_resume_right(plan, monkeypatch, l
         _assert_pages_are(pages, expected)
 
 
+def _rewritten(plan, files: int) -> tuple[str, str]:
+    """Two checkpoints ``files`` rewritten files apart (f0, f1, ...)."""
+    for i in range(files):
+        write(plan.root / f"f{i}", "old")
+    base = plan.checkpoint().checkpoint_id
+    for i in range(files):
+        write(plan.root / f"f{i}", "new")
+    return base, plan.checkpoint().checkpoint_id
+
+
 def test_an_edited_count_is_refused(plan):
     """Held: the count rides inside the HMAC'd key: a token whose count digits are changed (or
     whose count is taken off) is INVALID_PAGE_TOKEN, never trusted."""
-    for i in range(6):
-        write(plan.root / f"f{i}", "old")
-    base = plan.checkpoint().checkpoint_id
-    for i in range(6):
-        write(plan.root / f"f{i}", "new")
-    target = plan.checkpoint().checkpoint_id
+    base, target = _rewritten(plan, 6)
     call = _in_process(plan)
     token = call(_request(base, target, page_size=1)).next_page_token
     key = plan.engine.page_tokens.check_after_path(token, f"DiffCheckpoints\0{base}\0{target}\0{0}", "")
@@ -237,12 +242,7 @@ def test_a_counted_token_is_refused_by_a_release_that_knows_only_path_keys(plan)
     """A replica of the release before (during a rolling upgrade) read a path token with
     ``check_after``, which knows key tokens of version 2 only: the counted token has a version of
     its own, so it is INVALID_PAGE_TOKEN there, not a path misread from the count's digits."""
-    for i in range(3):
-        write(plan.root / f"f{i}", "old")
-    base = plan.checkpoint().checkpoint_id
-    for i in range(3):
-        write(plan.root / f"f{i}", "new")
-    target = plan.checkpoint().checkpoint_id
+    base, target = _rewritten(plan, 3)
     token = _in_process(plan)(_request(base, target, page_size=1)).next_page_token
     scope = f"DiffCheckpoints\0{base}\0{target}\0{0}"
     assert plan.engine.page_tokens.check_after_path(token, scope, "").remaining == 2
@@ -293,14 +293,7 @@ def test_a_path_as_long_as_a_workspace_holds_pages_on(plan):
 def _parts_read(plan, call) -> int:
     """How many nodes ``call`` reads that are parts of a split directory (not indexes)."""
     trees = plan.engine.trees
-    read: list[str] = []
-    node = trees._node
-    trees._node = lambda digest: read.append(digest) or node(digest)
-    try:
-        call()
-    finally:
-        del trees._node
-    return sum(1 for digest in read if not isinstance(node(digest), tree_module.Index))
+    return sum(1 for digest in nodes_read(trees, call) if not isinstance(trees._node(digest), tree_module.Index))
 
 
 def test_a_page_resumed_in_a_split_directory_reads_only_the_parts_of_its_own_changes(plan, monkeypatch):

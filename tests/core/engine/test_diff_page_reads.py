@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.core.restore.test_rollback_write_path_attacked import write
+from tests.helpers import nodes_read
 
 DIRECTORIES, FILES = 20, 5
 
@@ -29,14 +30,7 @@ def _directories_read(plan, base, target, call) -> set[int]:
     """The directories (by number) whose nodes ``call`` read, on either side."""
     trees = plan.engine.trees
     number = {trees.lookup(row.tree_digest, f"d{i:02}").digest: i for row in (base, target) for i in range(DIRECTORIES)}
-    read: list[str] = []
-    node = trees._node
-    trees._node = lambda digest: read.append(digest) or node(digest)
-    try:
-        call()
-    finally:
-        del trees._node
-    return {number[digest] for digest in read if digest in number}
+    return {number[digest] for digest in nodes_read(trees, call) if digest in number}
 
 
 def _page(plan, base, target, token, size=FILES):
