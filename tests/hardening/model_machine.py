@@ -8,7 +8,7 @@ import random
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -228,6 +228,18 @@ STEP_WEIGHTS = {"edit": 6, "create": 3, "rollback": 3, "diff_live": 1, "diff_pag
 COMPACTION_CRASHES = ("", "compact.copied:1", "compact.synced:1")
 
 
+@dataclass
+class PagedDiff:
+    """A DiffCheckpoints read a page at a time: its request, the model's diff, what was listed."""
+
+    base: str
+    target: str
+    page_size: int
+    want: dict
+    listed: dict = field(default_factory=dict)
+    token: str = ""
+
+
 class ModelMachine(Calls, RuleBasedStateMachine):
     """One plan, one workspace; rules edit it and call the service; the model is ``acked``."""
 
@@ -242,6 +254,8 @@ class ModelMachine(Calls, RuleBasedStateMachine):
         self.outside.mkdir()
         self.plan_id = str(ULID())
         self.acked: dict[str, Ack] = {}
+        #: A diff between two checkpoints left after a page, for the next diff_pages step.
+        self.paused_diff: PagedDiff | None = None
         self.retention = 0
         self.collected = False
         self.restarts = 0
@@ -339,25 +353,52 @@ class ModelMachine(Calls, RuleBasedStateMachine):
     def diff_pages(self, data, page_size: int, live: bool):
         """A diff read a few changes a page (the token resumes the tree walk and, between two
         checkpoints, carries the count of what is left): the pages are the model's diff, each path
-        once, and each page's changes_omitted is what the later pages hold."""
+        once, and each page's changes_omitted is what the later pages hold. One between two
+        checkpoints pauses after its first page and goes on after the next step, whatever it was
+        (GC with compaction, a restart, a kill, a rollback): its token still resumes it, or the call
+        is NOT_FOUND when a side was deleted meanwhile."""
+        self.go_on_with_paused_diff()
         base, target = self.pick(data), "" if live else self.pick(data)
         want = ws.diff(self.acked[base].tree, self.acked[target].tree if target else ws.capture(self.disk()))
-        listed: dict[str, ws.ChangeRow] = {}
-        token = ""
+        self.read_pages(PagedDiff(base, target, page_size, want), pause=bool(target))
+
+    def go_on_with_paused_diff(self) -> None:
+        """Reads the rest of the diff diff_pages paused, if any (see there)."""
+        paused, self.paused_diff = self.paused_diff, None
+        if paused is None:
+            return
+        if paused.base in self.acked and paused.target in self.acked:
+            self.read_pages(paused, pause=False)
+            self.cluster.stats["diffs paged on after another step"] += 1
+            return
+        try:
+            self.read_pages(paused, pause=False)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error
+            self.cluster.stats["diffs paged on after a side was deleted"] += 1
+        else:
+            raise AssertionError(f"a page of {paused.base} to {paused.target} after one was deleted")
+
+    def read_pages(self, diff: PagedDiff, pause: bool) -> None:
+        """Reads ``diff``'s pages to the end, or (``pause``) leaves it after one for later."""
         while True:
             page = self.call("DiffCheckpoints", pb.DiffCheckpointsRequest(
-                base_checkpoint_id=base, target_checkpoint_id=target, page_size=page_size, page_token=token))
+                base_checkpoint_id=diff.base, target_checkpoint_id=diff.target, page_size=diff.page_size,
+                page_token=diff.token))
             rows = reported(page.changes)
-            assert len(rows) == len(page.changes) <= page_size and not rows.keys() & listed.keys(), page
-            listed |= rows
-            assert page.changes_omitted == len(want) - len(listed), (base, target, page_size, page.changes_omitted)
-            token = page.next_page_token
-            if token and target:
-                self.cluster.stats["diff pages resumed between two checkpoints"] += 1
-            if not token:
+            assert len(rows) == len(page.changes) <= diff.page_size and not rows.keys() & diff.listed.keys(), page
+            diff.listed |= rows
+            assert page.changes_omitted == len(diff.want) - len(diff.listed), (diff, page.changes_omitted)
+            diff.token = page.next_page_token
+            if not diff.token:
                 break
-        assert listed == want, f"pages of {page_size} from {base} to {target or 'the workspace'}:\n" + mismatch(
-            listed, want)
+            if diff.target:
+                self.cluster.stats["diff pages resumed between two checkpoints"] += 1
+            if pause:
+                self.paused_diff = diff
+                return
+        assert diff.listed == diff.want, f"pages of {diff.page_size} from {diff.base} to " \
+            f"{diff.target or 'the workspace'}:\n" + mismatch(diff.listed, diff.want)
 
     def delete_checkpoint(self, data):
         doomed = self.pick(data)
@@ -519,6 +560,8 @@ class ModelMachine(Calls, RuleBasedStateMachine):
             self.log.append(f"{name}({', '.join(f'{k}={v!r}'[:200] for k, v in arguments.items() if k != 'data')})")
             try:
                 getattr(self, name)(**arguments)
+                if name != "diff_pages":  # a paused diff goes on after one other step
+                    self.go_on_with_paused_diff()
                 self.every_acknowledged_checkpoint_holds_its_model(integrity=False)
             except AssertionError as failure:
                 steps = "\n  ".join(self.log[-12:])

@@ -80,7 +80,7 @@ def run_machine(cluster: Cluster, examples: int, steps: int, restart_budget: int
     if "CHECKPOINTD_MODEL_REPRODUCE" not in os.environ:
         for what in ("calls CreateCheckpoint", "rollbacks checked byte for byte", "kills at armed points",
                      "writes racing a rollback", "collections", "checkpoints holding a split directory",
-                     "diff pages resumed between two checkpoints"):
+                     "diff pages resumed between two checkpoints", "diffs paged on after another step"):
             assert stats[what] > 0, f"no {what} in this run: {dict(stats)}"
 
 
