@@ -18,6 +18,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sqlalchemy import Engine, text
 
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+
 
 def tree_state(root: Path, skip: tuple[str, ...] = (".git",)) -> dict[str, tuple]:
     """Everything under root, exactly: kind, content or link text, permission bits."""
@@ -36,6 +38,35 @@ def tree_state(root: Path, skip: tuple[str, ...] = (".git",)) -> dict[str, tuple
             else:
                 out[rel] = ("file", full.read_bytes(), mode)
     return out
+
+
+def refused(call: Callable[[], object], code: grpc.StatusCode, reason: str) -> grpc.RpcError:
+    """The error ``call`` fails with, which must be ``code`` with ErrorInfo reason ``reason``."""
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    assert caught.value.code() is code, caught.value.details()
+    assert error_info(caught.value).reason == reason, caught.value.details()
+    return caught.value
+
+
+def checkpoint_id_of(stub, plan_id: str, root: Path | None = None) -> str:
+    """A new checkpoint of ``plan_id`` (of its workspace ``root``, the first time) by ``stub``."""
+    request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root) if root else "")
+    return stub.CreateCheckpoint(request).checkpoint.checkpoint_id
+
+
+def descriptors_under(root: Path) -> list[str]:
+    """What this process's open descriptors name under ``root`` (root itself included; a file
+    whose last link is gone ends in " (deleted)")."""
+    held = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile, or the listing's own descriptor
+        if target == str(root) or target.startswith(f"{root}/"):
+            held.append(target)
+    return held
 
 
 def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:

@@ -19,12 +19,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd.core.maintenance.datadir_lock import DataDirBusy
 from checkpointd.server import CheckpointdServer, ServerSettings
 from tests.conftest import free_port
-from tests.helpers import error_info, interruptible
-
-
-def _checkpoint(stub, plan_id, root=None) -> str:
-    request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root) if root else "")
-    return stub.CreateCheckpoint(request).checkpoint.checkpoint_id
+from tests.helpers import checkpoint_id_of, error_info, interruptible
 
 
 def _key(change) -> bytes:
@@ -48,7 +43,7 @@ def _paged(stub, base, target="", **fields) -> list[bytes]:
 
 def test_a_lower_case_base_id_with_live_text_diffs_is_no_data_loss(checkpoint_stub, workspace, plan_id):
     (workspace / "a.txt").write_text("old\n")
-    base = _checkpoint(checkpoint_stub, plan_id, workspace)
+    base = checkpoint_id_of(checkpoint_stub, plan_id, workspace)
     (workspace / "a.txt").write_text("new, never captured by a checkpoint\n")
     upper = checkpoint_stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=base, text_diffs=True))
     assert [c.path for c in upper.changes] == ["a.txt"] and "+new, never" in upper.changes[0].text_diff
@@ -67,13 +62,13 @@ def test_pages_of_odd_names_add_up_to_the_whole_diff(checkpoint_stub, workspace,
     """Held: the resume compares component lists of the same strings the tree sorts, so pages of
     any size, with text diffs or raw_paths, list each path once, in the whole diff's order."""
     root = os.fsencode(workspace)
-    base = _checkpoint(checkpoint_stub, plan_id, workspace)
+    base = checkpoint_id_of(checkpoint_stub, plan_id, workspace)
     for name in NAMES:
         os.mkdir(os.path.join(root, name))
         for child in NAMES:
             with open(os.path.join(root, name, child), "wb") as f:
                 f.write(name + b"/" + child + b"\n")
-    target = _checkpoint(checkpoint_stub, plan_id)
+    target = checkpoint_id_of(checkpoint_stub, plan_id)
     for side in (target, ""):
         whole = checkpoint_stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=base,
                                                                           target_checkpoint_id=side))
@@ -91,7 +86,7 @@ def test_a_list_files_token_is_no_diff_token(checkpoint_stub, workspace, plan_id
     """Held: the path-keyed tokens now shared with ListCheckpointFiles are scoped apart."""
     for n in range(3):
         (workspace / f"f{n}").write_text("x")
-    base = _checkpoint(checkpoint_stub, plan_id, workspace)
+    base = checkpoint_id_of(checkpoint_stub, plan_id, workspace)
     listed = checkpoint_stub.ListCheckpointFiles(pb.ListCheckpointFilesRequest(checkpoint_id=base, page_size=1))
     assert listed.next_page_token
     with pytest.raises(grpc.RpcError) as refused:

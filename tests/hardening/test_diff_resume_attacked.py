@@ -27,7 +27,7 @@ from checkpointd.core.store import tree as tree_module
 from checkpointd.core.store.tree import EntryKind
 from tests.core.restore.test_rollback_write_path_attacked import Plan, write
 from tests.hardening.support import start_with_faults
-from tests.helpers import error_info, nodes_read
+from tests.helpers import checkpoint_id_of, nodes_read, refused
 from tests.ops.test_maintenance_engine import Engine as MaintenanceEngine
 
 
@@ -224,7 +224,7 @@ def _rewritten(plan, files: int) -> tuple[str, str]:
     return base, plan.checkpoint().checkpoint_id
 
 
-def test_an_edited_count_is_refused(plan):
+def test_an_edited_count_isrefused(plan):
     """Held: the count rides inside the HMAC'd key: a token whose count digits are changed (or
     whose count is taken off) is INVALID_PAGE_TOKEN, never trusted."""
     base, target = _rewritten(plan, 6)
@@ -359,28 +359,16 @@ def test_a_checkpoint_deleted_and_collected_during_a_resumed_page_is_not_found(m
     assert fired
 
 
-
 # --- over gRPC: tokens used elsewhere, deletions between pages, the live token path ---------------
-
-def _checkpoint(stub, plan_id, root=None) -> str:
-    request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root) if root else "")
-    return stub.CreateCheckpoint(request).checkpoint.checkpoint_id
-
-
-def _refused(call, code, reason) -> None:
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    assert caught.value.code() is code, caught.value.details()
-    assert error_info(caught.value).reason == reason
 
 
 def _three(stub, workspace, plan_id) -> tuple[str, str]:
     for i in range(5):
         write(workspace / f"d{i}/f.txt", f"old {i}")
-    base = _checkpoint(stub, plan_id, workspace)
+    base = checkpoint_id_of(stub, plan_id, workspace)
     for i in range(5):
         write(workspace / f"d{i}/f.txt", f"new {i}")
-    return base, _checkpoint(stub, plan_id)
+    return base, checkpoint_id_of(stub, plan_id)
 
 
 def test_a_token_works_only_for_its_own_sides_and_kind(checkpoint_stub, workspace, plan_id):
@@ -388,7 +376,7 @@ def test_a_token_works_only_for_its_own_sides_and_kind(checkpoint_stub, workspac
     live token for A->B; a diff token by ListCheckpointFiles and a ListCheckpointFiles token by
     DiffCheckpoints; ListCheckpointFiles still pages with the shared path tokens."""
     base, target = _three(checkpoint_stub, workspace, plan_id)
-    other = _checkpoint(checkpoint_stub, plan_id)
+    other = checkpoint_id_of(checkpoint_stub, plan_id)
     diff = checkpoint_stub.DiffCheckpoints
     forward = diff(_request(base, target, page_size=2)).next_page_token
     live = diff(_request(base, page_size=2)).next_page_token
@@ -396,10 +384,10 @@ def test_a_token_works_only_for_its_own_sides_and_kind(checkpoint_stub, workspac
     for request in (_request(target, base, page_token=forward), _request(base, page_token=forward),
                     _request(base, base, page_token=forward), _request(base, other, page_token=forward),
                     _request(base, target, page_token=live), _request(target, page_token=live)):
-        _refused(lambda r=request: diff(r), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+        refused(lambda r=request: diff(r), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
     files = checkpoint_stub.ListCheckpointFiles
     for token in (forward, live):
-        _refused(lambda t=token: files(pb.ListCheckpointFilesRequest(checkpoint_id=base, recursive=True,
+        refused(lambda t=token: files(pb.ListCheckpointFilesRequest(checkpoint_id=base, recursive=True,
                                                                      page_token=t)),
                  grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
     listed, token = [], ""
@@ -410,7 +398,7 @@ def test_a_token_works_only_for_its_own_sides_and_kind(checkpoint_stub, workspac
         token = page.next_page_token
         if not token:
             break
-        _refused(lambda t=token: diff(_request(target, page_token=t)), grpc.StatusCode.INVALID_ARGUMENT,
+        refused(lambda t=token: diff(_request(target, page_token=t)), grpc.StatusCode.INVALID_ARGUMENT,
                  "INVALID_PAGE_TOKEN")
     assert listed == [p for i in range(5) for p in (f"d{i}", f"d{i}/f.txt")]
 
@@ -424,7 +412,7 @@ def test_a_checkpoint_deleted_between_pages_is_not_found(checkpoint_stub, worksp
         request.page_token = checkpoint_stub.DiffCheckpoints(request).next_page_token
         checkpoint_stub.DeleteCheckpoint(pb.DeleteCheckpointRequest(
             checkpoint_id=base if doomed == "base" else target))
-        _refused(lambda r=request: checkpoint_stub.DiffCheckpoints(r), grpc.StatusCode.NOT_FOUND,
+        refused(lambda r=request: checkpoint_stub.DiffCheckpoints(r), grpc.StatusCode.NOT_FOUND,
                  "CHECKPOINT_NOT_FOUND")
 
 
@@ -436,7 +424,7 @@ def test_a_live_diff_changed_at_the_tokens_path_lists_what_sorts_after_it(checkp
         write(workspace / name / "x", "old")
         write(workspace / name / "y", "old")
     write(workspace / "f", "old")
-    base = _checkpoint(checkpoint_stub, plan_id, workspace)
+    base = checkpoint_id_of(checkpoint_stub, plan_id, workspace)
     for name in ("a", "b", "c", "e"):
         write(workspace / name / "x", "new")
         write(workspace / name / "y", "new")
@@ -475,14 +463,14 @@ def test_pages_of_a_server_with_split_directories(idle_server, plan_id):
                 f.write(b"old " + name + child)
     with grpc.insecure_channel(idle_server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
-        base = _checkpoint(stub, plan_id, workspace)
+        base = checkpoint_id_of(stub, plan_id, workspace)
         for name in ODD:
             os.makedirs(os.path.join(root, name), exist_ok=True)
             for child in ODD[::2]:
                 with open(os.path.join(root, name, child), "wb") as f:
                     f.write(b"new " + name + child)
         os.chmod(os.path.join(root, b"a"), 0o700)
-        target = _checkpoint(stub, plan_id)
+        target = checkpoint_id_of(stub, plan_id)
         for side in (target, ""):
             expected = [_key(c) for c in stub.DiffCheckpoints(_request(base, side)).changes]
             assert len(expected) > 40

@@ -23,7 +23,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.hardening.support import fingerprint_tree, start_with_faults, workspace_state
-from tests.helpers import error_info, tree_state
+from tests.helpers import error_info, refused, tree_state
 
 SECRET = b"canary: must never change\n"
 
@@ -58,13 +58,6 @@ class Scene:
     def diff(self, base: pb.Checkpoint, paths: tuple[str, ...] = ()) -> list[pb.FileChange]:
         return list(self.stub.DiffCheckpoints(pb.DiffCheckpointsRequest(
             base_checkpoint_id=base.checkpoint_id, paths=list(paths)), timeout=60).changes)
-
-
-def refused(call: Callable[[], object], code: grpc.StatusCode, reason: str) -> None:
-    with pytest.raises(grpc.RpcError) as error:
-        call()
-    assert error.value.code() == code, error.value.details()
-    assert error_info(error.value).reason == reason, error.value.details()
 
 
 def write(path: Path, content: bytes = b"x") -> Path:

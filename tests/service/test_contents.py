@@ -7,11 +7,10 @@ import os
 import tarfile
 
 import grpc
-import pytest
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from tests.helpers import error_info
+from tests.helpers import error_info, refused
 
 
 def _checkpoint(stub, plan_id, root):
@@ -21,14 +20,6 @@ def _checkpoint(stub, plan_id, root):
 def _read(stub, checkpoint_id, path="", raw_path=b""):
     return list(stub.ReadCheckpointFile(pb.ReadCheckpointFileRequest(checkpoint_id=checkpoint_id, path=path,
                                                                      raw_path=raw_path)))
-
-
-def _fails(call, code, reason):
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    assert caught.value.code() is code, caught.value.details()
-    assert error_info(caught.value).reason == reason
-    return caught.value
 
 
 def test_reads_a_file_as_it_was_in_chunks(checkpoint_stub, workspace, plan_id):
@@ -73,25 +64,25 @@ def test_reading_what_is_not_a_file_says_why(checkpoint_stub, workspace, plan_id
     (workspace / "dir" / "f").write_text("x")
     cp = _checkpoint(checkpoint_stub, plan_id, workspace)
     state_only = checkpoint_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=str(ULID()))).checkpoint
-    _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir"), grpc.StatusCode.FAILED_PRECONDITION,
-           "NOT_A_FILE")
-    missing = _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/nope"), grpc.StatusCode.NOT_FOUND,
-                     "PATH_NOT_FOUND")
+    refused(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir"), grpc.StatusCode.FAILED_PRECONDITION,
+            "NOT_A_FILE")
+    missing = refused(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/nope"), grpc.StatusCode.NOT_FOUND,
+                      "PATH_NOT_FOUND")
     assert error_info(missing).metadata["path"] == "dir/nope"
-    _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/f/below"), grpc.StatusCode.NOT_FOUND,
-           "PATH_NOT_FOUND")
-    not_a_dir = _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/f/"), grpc.StatusCode.FAILED_PRECONDITION,
-                       "NOT_A_DIRECTORY")
+    refused(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/f/below"), grpc.StatusCode.NOT_FOUND,
+            "PATH_NOT_FOUND")
+    not_a_dir = refused(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/f/"), grpc.StatusCode.FAILED_PRECONDITION,
+                        "NOT_A_DIRECTORY")
     assert error_info(not_a_dir).metadata["path"] == "dir/f"
-    _fails(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/"), grpc.StatusCode.FAILED_PRECONDITION,
-           "NOT_A_FILE")
-    _fails(lambda: _read(checkpoint_stub, state_only.checkpoint_id, "f"), grpc.StatusCode.FAILED_PRECONDITION,
-           "NO_WORKSPACE")
-    _fails(lambda: _read(checkpoint_stub, str(ULID()), "f"), grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
+    refused(lambda: _read(checkpoint_stub, cp.checkpoint_id, "dir/"), grpc.StatusCode.FAILED_PRECONDITION,
+            "NOT_A_FILE")
+    refused(lambda: _read(checkpoint_stub, state_only.checkpoint_id, "f"), grpc.StatusCode.FAILED_PRECONDITION,
+            "NO_WORKSPACE")
+    refused(lambda: _read(checkpoint_stub, str(ULID()), "f"), grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
     for bad in ("../etc/passwd", "/etc/passwd", "", "a/./b"):
-        _fails(lambda bad=bad: _read(checkpoint_stub, cp.checkpoint_id, bad), grpc.StatusCode.INVALID_ARGUMENT,
-               "INVALID_PATH")
-    _fails(lambda: _read(checkpoint_stub, "nope", "f"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CHECKPOINT_ID")
+        refused(lambda bad=bad: _read(checkpoint_stub, cp.checkpoint_id, bad), grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_PATH")
+    refused(lambda: _read(checkpoint_stub, "nope", "f"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CHECKPOINT_ID")
 
 
 def test_export_is_a_tar_of_the_tree_with_modes_and_symlinks(checkpoint_stub, workspace, plan_id):
@@ -120,10 +111,10 @@ def test_export_is_a_tar_of_the_tree_with_modes_and_symlinks(checkpoint_stub, wo
 
 def test_export_of_a_state_only_or_unknown_checkpoint_fails_before_any_byte(checkpoint_stub):
     state_only = checkpoint_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=str(ULID()))).checkpoint
-    _fails(lambda: list(checkpoint_stub.ExportCheckpoint(pb.ExportCheckpointRequest(
+    refused(lambda: list(checkpoint_stub.ExportCheckpoint(pb.ExportCheckpointRequest(
         checkpoint_id=state_only.checkpoint_id))), grpc.StatusCode.FAILED_PRECONDITION, "NO_WORKSPACE")
-    _fails(lambda: list(checkpoint_stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=str(ULID())))),
-           grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
+    refused(lambda: list(checkpoint_stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=str(ULID())))),
+            grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
 
 
 def _diff(stub, base, target="", text_diffs=True):

@@ -5,15 +5,9 @@ look that never lists a path twice."""
 from __future__ import annotations
 
 import grpc
-import pytest
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from tests.helpers import error_info
-
-
-def _checkpoint(stub, plan_id, root=None):
-    request = pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root) if root else "")
-    return stub.CreateCheckpoint(request).checkpoint.checkpoint_id
+from tests.helpers import checkpoint_id_of, refused
 
 
 def _diff(stub, base, target="", **fields):
@@ -35,24 +29,17 @@ def _pages(stub, base, target="", between=None, **fields):
             between(len(pages))
 
 
-def _fails(call, code, reason):
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    assert caught.value.code() is code, caught.value.details()
-    assert error_info(caught.value).reason == reason
-
-
 def _two_checkpoints(stub, workspace, plan_id):
     """A diff of 7 changes whose order is not the paths' string order: a directory's children
     come before a sibling whose name sorts after the directory's ('a/...' before 'a.txt')."""
     (workspace / "a").mkdir()
     (workspace / "gone.txt").write_text("bye")
-    base = _checkpoint(stub, plan_id, workspace)
+    base = checkpoint_id_of(stub, plan_id, workspace)
     for path in ("a/b.txt", "a/c/d.txt", "a.txt", "b.txt", "z/y.txt"):
         (workspace / path).parent.mkdir(exist_ok=True)
         (workspace / path).write_text(path)
     (workspace / "gone.txt").unlink()
-    return base, _checkpoint(stub, plan_id)
+    return base, checkpoint_id_of(stub, plan_id)
 
 
 def test_pages_of_every_size_add_up_to_the_whole_diff_in_its_order(checkpoint_stub, workspace, plan_id):
@@ -78,17 +65,17 @@ def test_a_page_token_is_bound_to_its_request(checkpoint_stub, workspace, plan_i
         "a/c/d.txt", "a.txt"]
     for other in ({"target": ""}, {"paths": ["a"]}, {"text_diffs": True}):
         fields = {"target": target, "page_size": 2, "page_token": token} | other
-        _fails(lambda f=fields: _diff(checkpoint_stub, base, **f), grpc.StatusCode.INVALID_ARGUMENT,
-               "INVALID_PAGE_TOKEN")
-    _fails(lambda: _diff(checkpoint_stub, target, base, page_token=token), grpc.StatusCode.INVALID_ARGUMENT,
-           "INVALID_PAGE_TOKEN")
+        refused(lambda f=fields: _diff(checkpoint_stub, base, **f), grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_PAGE_TOKEN")
+    refused(lambda: _diff(checkpoint_stub, target, base, page_token=token), grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PAGE_TOKEN")
     # A character changed in the middle (the last one may carry only base64's unused bits, and
     # another spelling of the same token is that token).
     for forged in ("x", token[:-2], token[:10] + ("A" if token[10] != "A" else "B") + token[11:]):
-        _fails(lambda t=forged: _diff(checkpoint_stub, base, target, page_token=t), grpc.StatusCode.INVALID_ARGUMENT,
-               "INVALID_PAGE_TOKEN")
-    _fails(lambda: _diff(checkpoint_stub, base, target, page_size=-1), grpc.StatusCode.INVALID_ARGUMENT,
-           "INVALID_PAGE_SIZE")
+        refused(lambda t=forged: _diff(checkpoint_stub, base, target, page_token=t), grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_PAGE_TOKEN")
+    refused(lambda: _diff(checkpoint_stub, base, target, page_size=-1), grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PAGE_SIZE")
 
 
 def test_paths_and_text_diffs_page_too(checkpoint_stub, workspace, plan_id):
@@ -103,7 +90,7 @@ def test_a_live_diff_lists_each_path_once_however_the_workspace_changes_between_
         checkpoint_stub, workspace, plan_id):
     for name in ("b", "d", "f"):
         (workspace / name).write_text("old")
-    base = _checkpoint(checkpoint_stub, plan_id, workspace)
+    base = checkpoint_id_of(checkpoint_stub, plan_id, workspace)
     for name in ("b", "d", "f"):
         (workspace / name).write_text("new")
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import grpc
-import pytest
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
-from tests.helpers import error_info
+from tests.helpers import error_info, refused
 
 
 def _checkpoint(stub, plan_id, root):
@@ -31,14 +30,6 @@ def _all_pages(stub, checkpoint_id, path="", **fields):
         token = response.next_page_token
         if not token:
             return paths, pages
-
-
-def _fails(call, code, reason):
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    assert caught.value.code() is code, caught.value.details()
-    assert error_info(caught.value).reason == reason
-    return caught.value
 
 
 def _tree(workspace):
@@ -103,10 +94,10 @@ def test_a_page_token_only_continues_the_listing_it_came_from(checkpoint_stub, w
                     {"checkpoint_id": cp.checkpoint_id, "path": "d", "recursive": True},
                     {"checkpoint_id": cp.checkpoint_id, "path": "d", "page_token": token[:-2] + "AA"}):
         fields = {"page_token": token, **changed}
-        _fails(lambda f=fields: checkpoint_stub.ListCheckpointFiles(pb.ListCheckpointFilesRequest(**f)),
-               grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
-    _fails(lambda: _list(checkpoint_stub, cp.checkpoint_id, page_size=-1), grpc.StatusCode.INVALID_ARGUMENT,
-           "INVALID_PAGE_SIZE")
+        refused(lambda f=fields: checkpoint_stub.ListCheckpointFiles(pb.ListCheckpointFilesRequest(**f)),
+                grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+    refused(lambda: _list(checkpoint_stub, cp.checkpoint_id, page_size=-1), grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PAGE_SIZE")
 
 
 def test_a_name_that_is_not_utf8_is_listed_and_named_by_its_raw_bytes(checkpoint_stub, workspace, plan_id):
@@ -132,19 +123,19 @@ def test_what_cannot_be_listed_says_why(checkpoint_stub, workspace, plan_id):
     cp = _checkpoint(checkpoint_stub, plan_id, workspace)
     state_only = checkpoint_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=str(ULID()))).checkpoint
     for path in ("README", "link", "src/a.py"):
-        refused = _fails(lambda p=path: _list(checkpoint_stub, cp.checkpoint_id, p),
-                         grpc.StatusCode.FAILED_PRECONDITION, "NOT_A_DIRECTORY")
-        assert error_info(refused).metadata["path"] == path
-    missing = _fails(lambda: _list(checkpoint_stub, cp.checkpoint_id, "src/nope"), grpc.StatusCode.NOT_FOUND,
-                     "PATH_NOT_FOUND")
+        error = refused(lambda p=path: _list(checkpoint_stub, cp.checkpoint_id, p),
+                        grpc.StatusCode.FAILED_PRECONDITION, "NOT_A_DIRECTORY")
+        assert error_info(error).metadata["path"] == path
+    missing = refused(lambda: _list(checkpoint_stub, cp.checkpoint_id, "src/nope"), grpc.StatusCode.NOT_FOUND,
+                      "PATH_NOT_FOUND")
     assert error_info(missing).metadata["path"] == "src/nope"
-    _fails(lambda: _list(checkpoint_stub, cp.checkpoint_id, "link/a.py"), grpc.StatusCode.NOT_FOUND,
-           "PATH_NOT_FOUND")
+    refused(lambda: _list(checkpoint_stub, cp.checkpoint_id, "link/a.py"), grpc.StatusCode.NOT_FOUND,
+            "PATH_NOT_FOUND")
     for bad in ("../etc", "/etc", "/", "src/../src", "./src"):
-        _fails(lambda p=bad: _list(checkpoint_stub, cp.checkpoint_id, p), grpc.StatusCode.INVALID_ARGUMENT,
-               "INVALID_PATH")
-    _fails(lambda: _list(checkpoint_stub, str(ULID())), grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
-    _fails(lambda: _list(checkpoint_stub, "not-an-id"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CHECKPOINT_ID")
-    _fails(lambda: _list(checkpoint_stub, state_only.checkpoint_id), grpc.StatusCode.FAILED_PRECONDITION,
-           "NO_WORKSPACE")
+        refused(lambda p=bad: _list(checkpoint_stub, cp.checkpoint_id, p), grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_PATH")
+    refused(lambda: _list(checkpoint_stub, str(ULID())), grpc.StatusCode.NOT_FOUND, "CHECKPOINT_NOT_FOUND")
+    refused(lambda: _list(checkpoint_stub, "not-an-id"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CHECKPOINT_ID")
+    refused(lambda: _list(checkpoint_stub, state_only.checkpoint_id), grpc.StatusCode.FAILED_PRECONDITION,
+            "NO_WORKSPACE")
 

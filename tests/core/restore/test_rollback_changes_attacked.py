@@ -38,6 +38,7 @@ from tests.core.restore.test_rollback_write_path_attacked import (
     before_workspace_call,
     write,
 )
+from tests.helpers import descriptors_under
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts, chown, setuid to nobody)")
 
@@ -666,13 +667,7 @@ def test_many_rollbacks_in_a_row_leave_no_replaced_file_held(plan: Plan) -> None
     for k in range(10):
         plan.rollback(a if k % 2 == 0 else b)
     syncbatch.wait_for_releases()
-    held = []
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            link = os.readlink(f"/proc/self/fd/{name}")
-            if link.startswith(str(plan.root)) and link.endswith(" (deleted)"):
-                held.append(link)
-    assert held == []
+    assert [link for link in descriptors_under(plan.root) if link.endswith(" (deleted)")] == []
     assert plan.state() == plan.files_of(b)
 
 

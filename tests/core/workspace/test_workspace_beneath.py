@@ -27,6 +27,7 @@ from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import Entry, EntryKind, Trees
 from checkpointd.core.workspace import beneath, syncbatch
 from checkpointd.core.workspace.workspace import UnsafePath, Workspace
+from tests.helpers import descriptors_under
 
 
 @pytest.fixture(params=["openat2", "walk"])
@@ -43,16 +44,8 @@ def _open_fds() -> list[str]:
 
 def _deleted_files_held(root: Path) -> list[str]:
     """Names of files under ``root`` that this process holds open though their last link is gone."""
-    held = []
-    for name in os.listdir("/proc/self/fd"):
-        with_target = f"/proc/self/fd/{name}"
-        try:
-            target = os.readlink(with_target)
-        except OSError:
-            continue
-        if target.startswith(f"{root}/") and target.endswith(" (deleted)"):
-            held.append(Path(target.removesuffix(" (deleted)")).name)
-    return held
+    return [Path(target.removesuffix(" (deleted)")).name for target in descriptors_under(root)
+            if target.startswith(f"{root}/") and target.endswith(" (deleted)")]
 
 
 @pytest.fixture

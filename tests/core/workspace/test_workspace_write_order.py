@@ -23,6 +23,7 @@ from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import Change, Entry, EntryKind, Trees
 from checkpointd.core.workspace import syncbatch
 from checkpointd.core.workspace.workspace import TEMP_PREFIX, Workspace
+from tests.helpers import descriptors_under
 
 
 @pytest.fixture
@@ -191,19 +192,6 @@ def test_a_batch_that_cannot_be_synced_interrupts_the_rollback_at_the_file_that_
         "every change was made: the undo must see them all"
 
 
-def _descriptors_under(root: Path) -> list[str]:
-    """What this process's open descriptors name under ``root`` (root itself included)."""
-    held = []
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile, or the listing's own descriptor
-        if target == str(root) or target.startswith(f"{root}/"):
-            held.append(target)
-    return held
-
-
 def test_a_large_batch_is_synced_in_parts_and_keeps_no_descriptor_open(
     tmp_path: Path, calls: list[tuple], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,7 +203,7 @@ def test_a_large_batch_is_synced_in_parts_and_keeps_no_descriptor_open(
         pending.flush()
     # What the batch opened is under the workspace (its files, its directory). Counting every
     # descriptor of the process failed when an earlier test's background closes landed meanwhile.
-    assert _descriptors_under(tmp_path) == []
+    assert descriptors_under(tmp_path) == []
     synced = {(c[1], c[2]) for c in calls if c[0] == "fsync-file"}
     for i in range(10):
         st = (tmp_path / f"f{i}").stat()
