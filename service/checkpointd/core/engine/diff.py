@@ -19,6 +19,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from checkpointd.core.capture.look import LookBatch
 from checkpointd.core.engine.filtering import PageTokens
 from checkpointd.core.engine.parts import EngineParts, not_found_if_deleted, path_subset
 from checkpointd.core.engine.recovery import Recovery
@@ -110,12 +111,13 @@ class Diffs:
         """Diff against a capture that no checkpoint references: the GC fence is held until
         the diff has read every node of it, then its batch is dropped, so that nothing builds
         on a capture garbage collection would not keep (the previous capture stays the base,
-        and what changed since is captured again by the next checkpoint). An unfinished rollback
-        of the plan is finished first."""
+        and what changed since is captured again by the next checkpoint). The capture is a look
+        (``LookBatch``): file contents are hashed, not stored. An unfinished rollback of the plan
+        is finished first."""
         parts = self.parts
         with parts.registry.lock(base.plan_id), parts.store.referencing():
             self.recovery.take_over(base.plan_id)
-            batch = parts.store.batch()
+            batch = LookBatch(parts.store.batch())
             try:
                 live_tree = parts.capture(plan, batch)[0].tree
                 return _first(parts.trees.diff(base.tree_digest, live_tree, after=after), subset, limit)
