@@ -90,3 +90,36 @@ def test_a_look_is_exact_when_the_workspace_changes_between_looks(fresh_server: 
         reply = stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=base, text_diffs=True))
         assert [(c.path, c.text_diff) for c in reply.changes] == [
             ("a.txt", "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+c\n")]
+
+
+def test_a_dry_run_rollback_is_a_look_too(fresh_server: RunningServer, plan_id):
+    """A dry run stores none of the files it would replace; the real rollback after it still keeps
+    every one of them in its safety checkpoint, and puts the target back exactly."""
+    workspace = fresh_server.new_workspace()
+    (workspace / "kept.txt").write_text("kept\n")
+    with grpc.insecure_channel(fresh_server.tcp_target) as channel:
+        stub = checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
+        base = checkpoint_id_of(stub, plan_id, workspace)
+        written = {f"new/f{i:02}.bin": os.urandom(_FILE_BYTES) for i in range(_FILES)}
+        for path, data in written.items():
+            (workspace / path).parent.mkdir(exist_ok=True)
+            (workspace / path).write_bytes(data)
+        (workspace / "kept.txt").write_text("edited\n")
+        before = _store_bytes(fresh_server)
+        request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=base, dry_run=True)
+        previews = [stub.Rollback(request) for _ in range(3)]
+        grown = _store_bytes(fresh_server) - before
+        assert grown < _FILE_BYTES, f"the dry runs stored {grown} bytes"
+        assert all(p.dry_run and not p.HasField("safety_checkpoint") for p in previews)
+        listed = {c.path: c.kind for c in previews[0].changes}
+        assert listed == {"kept.txt": pb.CHANGE_KIND_MODIFIED, "new": pb.CHANGE_KIND_DELETED,
+                          **dict.fromkeys(written, pb.CHANGE_KIND_DELETED)}
+        assert all([c.path for c in p.changes] == [c.path for c in previews[0].changes] for p in previews)
+
+        done = stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=base))
+        safety = done.safety_checkpoint.checkpoint_id
+        for path, data in written.items():
+            assert _read(stub, safety, path) == data
+        assert _read(stub, safety, "kept.txt") == b"edited\n"
+        assert sorted(p.name for p in workspace.iterdir()) == ["kept.txt"]
+        assert (workspace / "kept.txt").read_text() == "kept\n"

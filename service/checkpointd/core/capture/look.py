@@ -1,4 +1,5 @@
-"""A capture that is only looked at, then dropped: a diff against the live workspace.
+"""A capture that is only looked at, then dropped: a diff against the live workspace, or a dry
+run of a rollback.
 
 Such a capture needs each file's digest (to compare it with a checkpoint's) but never its
 content: a text diff of a live file reads the file again and checks it against the digest. So
@@ -7,6 +8,9 @@ gigabytes not yet checkpointed writes nothing of them to the store (each look us
 all to the pack, as records dead once the look was dropped, reclaimed only by a compaction). The
 directory nodes still go to the store's own batch, since the diff reads them from there; it is
 aborted with the look.
+
+A dry run of a rollback plans from its look the same way; what it may add to the look's tree
+(files the capture left out that the rollback would replace) is hashed the same way too.
 
 A look batch can never be committed: a checkpoint must not reference contents that were never
 stored. What it hashed is reusable only within the look (``reuse``), never by another batch, and a
@@ -32,6 +36,13 @@ class LookBatch:
         #: Digests of the file contents this look hashed (several capture threads add to it).
         self._hashed: set[str] = set()
         self._lock = threading.Lock()
+        self._dropped = False
+
+    def __enter__(self) -> LookBatch:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.abort()
 
     def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
         """The digest and size of what is readable from ``src_fd``, which is not stored.
@@ -75,4 +86,7 @@ class LookBatch:
         raise RuntimeError("a look at the live workspace is never committed: it stored no file contents")
 
     def abort(self) -> None:
-        self._nodes.abort()
+        """Drops the look's nodes (once: a look is aborted by its caller and by ``with``)."""
+        if not self._dropped:
+            self._dropped = True
+            self._nodes.abort()

@@ -12,6 +12,7 @@ from functools import partial
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
+from checkpointd.core.capture.look import LookBatch
 from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.idempotency import fingerprint, forget_rollback, record_operation, replayed
 from checkpointd.core.engine.nesting import nested_workspaces, refusal
@@ -93,7 +94,8 @@ class Rollbacks:
                                      workspace_root=target.workspace_root or "",
                                      plan_workspace_root=plan.workspace_root or "")
         changes: list[Change] = []
-        with parts.store.batch() as batch:
+        # A dry run is a look: it hashes the files it captures and stores none of them (LookBatch).
+        with (LookBatch(parts.store.batch()) if req.dry_run else parts.store.batch()) as batch:
             capture, patterns, excluded = parts.capture(plan, batch) if plan.workspace_root else (None, [], [])
             if capture is not None and restore_files:
                 changes = plan_restore(parts, plan.workspace_root, capture, target, subset, batch)
