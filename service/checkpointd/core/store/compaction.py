@@ -37,7 +37,11 @@ class Compaction:
             self._writable_pack().append(digest, DELETED, b"")
             self._mark_dead(digest, location)
             pack = location.pack
-            if pack is not self._active and self._dead[pack] * 2 > pack.size:
+            if self._dead[pack] * 2 > pack.size:
+                if pack is self._active:
+                    # The pack being appended to is compacted too: a store smaller than one pack
+                    # would otherwise give nothing back to the disk until it filled one.
+                    self._stop_appending_to(pack)
                 self._compact(pack)
 
     def _rewrite_dependents(self, base: str) -> None:
@@ -111,11 +115,16 @@ class Compaction:
             return 0, 0
         before = sum(pack.size for pack in self._packs)
         if self._active in dead:
-            self._active.sync_to(self._active.size)
-            self._active = None  # the next append starts a pack: the old active one can be compacted
+            self._stop_appending_to(self._active)
         for pack in dead:
             self._compact(pack)
         return len(dead), max(0, before - sum(pack.size for pack in self._packs))
+
+    def _stop_appending_to(self, active: Pack) -> None:
+        """Makes the active pack durable and starts a new one at the next append, so that the
+        old one can be compacted (its live records move to the new one)."""
+        active.sync_to(active.size)
+        self._active = None
 
     def _older_pack_may_hold(self, digest: str, pack: Pack) -> bool:
         """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""

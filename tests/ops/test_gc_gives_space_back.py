@@ -1,0 +1,58 @@
+"""A running server's collection gives the space of what it deletes back to the disk, also in a
+store smaller than one pack (the pack still being appended to is compacted once half of it is
+dead, as every other pack is); what is kept restores exactly, after a restart too."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import grpc
+import pytest
+from ulid import ULID
+
+from checkpoint.v1 import checkpoint_service_pb2 as pb
+from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
+from tests.hardening.support import assert_fsck_clean
+from tests.helpers import tree_state
+from tests.ops.conftest import wait_until
+
+
+def _pack_bytes(server) -> int:
+    return sum(path.stat().st_size for path in (server.data_dir / "store" / "packs").glob("*.pack"))
+
+
+def test_a_running_server_gives_back_the_space_it_collects(ops_server):
+    server = ops_server("--gc-interval", "0.1")
+    if server.store_kind != "disk":
+        pytest.skip("the database store keeps no packs")
+    rng = random.Random(7)
+    workspace = server.new_workspace()
+    plan_id = str(ULID())
+    kept: list[tuple[str, dict]] = []
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        for _version in range(5):
+            for number in range(80):
+                (workspace / f"f{number:02}.bin").write_bytes(rng.randbytes(4000))
+            checkpoint = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+                plan_id=plan_id, workspace_root=str(workspace)), timeout=60).checkpoint
+            kept.append((checkpoint.checkpoint_id, tree_state(workspace)))
+        whole = _pack_bytes(server)
+        assert whole > 5 * 80 * 4000, "the versions are packed, not loose"
+        for checkpoint_id, _state in kept[:3]:
+            stub.DeleteCheckpoint(pb.DeleteCheckpointRequest(checkpoint_id=checkpoint_id), timeout=30)
+        kept = kept[3:]
+        # Three of five versions collected: the packs hold the two left (and a few tombstones).
+        wait_until(lambda: _pack_bytes(server) < whole * 0.6, f"the packs ({whole} bytes) to shrink", timeout=20)
+
+    server.stop()
+    assert_fsck_clean(server)
+    server.start()
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        for checkpoint_id, state in kept:
+            shutil.rmtree(workspace)
+            workspace.mkdir()
+            stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=checkpoint_id), timeout=60)
+            assert tree_state(workspace) == state
