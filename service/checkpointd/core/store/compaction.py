@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.store.packs import (
@@ -92,12 +91,10 @@ class Compaction:
             if self._committed.get(digest) is not None:
                 self._committed[digest] = location
         with self._pack_lock:
-            for old in self._retired:
-                os.close(old.fd)
-            self._retired = [pack]
             self._packs.remove(pack)
             self._dead.pop(pack, None)
             self._dead_keys.pop(pack, None)
+        self._retired.retire(pack)
         crash_point(Point.COMPACT_SYNCED)
         pack.path.unlink(missing_ok=True)
         fsync_dir(self.packs_dir)

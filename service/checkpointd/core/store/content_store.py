@@ -74,6 +74,7 @@ from checkpointd.core.store.packs import (
     zstd_decompress,
     zstd_decompress_chain,
 )
+from checkpointd.core.store.retired_packs import RetiredPacks
 from checkpointd.core.store.similar import SimilarIndex, anchors
 from checkpointd.core.store.staging import StagedObjects
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, RAW, RECORD, ZLIB, ZSTD, pack_body
@@ -252,8 +253,8 @@ class ContentStore(PackReplay, Compaction):
         #: Which objects have such a dead record in each pack (the first 64 bits of their digest):
         #: whether a compacted pack's tombstone still ends a record somewhere older.
         self._dead_keys: dict[Pack, set[int]] = {}
-        #: Compacted packs, already unlinked; their fds stay open for reads still in flight.
-        self._retired: list[Pack] = []
+        #: Compacted packs, already unlinked; open while reads that may use them are on.
+        self._retired = RetiredPacks()
         #: Bumped by every ``delete``: whoever caches "this object exists" can tell it may be stale.
         self.deletions = 0
         #: base digest -> digests stored as deltas against it (rewritten in full before it is deleted)
@@ -431,23 +432,25 @@ class ContentStore(PackReplay, Compaction):
         A delta's chain of bases is decoded without hashing each link (half the cost of reading a
         version 10 deltas deep): any damaged link makes the object's own digest fail. Only then is
         the chain read again link by link, so that the error names the object that is damaged."""
-        location = self._locate(digest)
-        if location is not None and location.pack is not None:
-            try:
-                data = self._read_packed(digest, location)
-            except DataLoss:
-                # A collection may have moved the record (or rewritten it whole and deleted its
-                # base) since it was looked up, and closed the pack read: read it where it is now.
-                moved = self._locate(digest)
-                if moved is None or moved == location:
-                    raise
-                if moved.pack is None:
-                    yield from self._iter_loose(digest)
-                    return
-                data = self._read_packed(digest, moved)
+        data = None
+        # A pack compacted away meanwhile stays readable until this read is done (RetiredPacks).
+        with self._retired.reading():
+            location = self._locate(digest)
+            if location is not None and location.pack is not None:
+                try:
+                    data = self._read_packed(digest, location)
+                except DataLoss:
+                    # A collection may have rewritten the record whole and deleted its base since
+                    # it was looked up: read it where it is now.
+                    moved = self._locate(digest)
+                    if moved is None or moved == location:
+                        raise
+                    if moved.pack is not None:
+                        data = self._read_packed(digest, moved)
+        if data is None:
+            yield from self._iter_loose(digest)
+        else:
             yield data
-            return
-        yield from self._iter_loose(digest)
 
     def _read_packed(self, digest: str, location: Location) -> bytes:
         data = self._read_chain(digest, location) if location.kind in DELTAS else None
@@ -510,10 +513,11 @@ class ContentStore(PackReplay, Compaction):
     def close(self) -> None:
         """Closes the pack files (the store is unusable afterwards)."""
         with self._pack_lock:
-            for pack in [*self._packs, *self._retired]:
+            for pack in self._packs:
                 with contextlib.suppress(OSError):
                     os.close(pack.fd)
-            self._packs, self._retired, self._active = [], [], None
+            self._packs, self._active = [], None
+        self._retired.close_all()
 
     def stored_size(self, digest: str) -> int | None:
         """Bytes a committed object takes in the store (compressed); None if it is not stored."""
