@@ -56,3 +56,36 @@ def test_a_running_server_gives_back_the_space_it_collects(ops_server):
             workspace.mkdir()
             stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=checkpoint_id), timeout=60)
             assert tree_state(workspace) == state
+
+
+def test_a_collection_compacts_records_that_died_without_a_deletion(ops_server):
+    """Looks at the live workspace write their directory nodes and drop them: dead records no
+    deletion ever reaches. A collection that deletes nothing still gives their space back."""
+    server = ops_server("--gc-interval", "0.1")
+    if server.store_kind != "disk":
+        pytest.skip("the database store keeps no packs")
+    workspace = server.new_workspace()
+    (workspace / "kept.txt").write_text("kept\n")
+    plan_id = str(ULID())
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        base = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+            plan_id=plan_id, workspace_root=str(workspace)), timeout=60).checkpoint.checkpoint_id
+        kept = tree_state(workspace)
+        for directory in range(60):
+            (workspace / f"d{directory:02}").mkdir()
+            for number in range(30):
+                name = f"d{directory:02}/a-rather-long-file-name-{number:03}.txt"
+                (workspace / name).write_text(name)
+        for _look in range(8):
+            reply = stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=base), timeout=60)
+            assert len(reply.changes) == 60 * 31
+        # Each look writes ~78 KB of directory nodes: less than one look's worth is left.
+        wait_until(lambda: _pack_bytes(server) < 40_000, "the looks' dead nodes to be compacted away", timeout=20)
+        for directory in range(60):
+            shutil.rmtree(workspace / f"d{directory:02}")
+        (workspace / "kept.txt").write_text("changed\n")
+        stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=base), timeout=60)
+    assert tree_state(workspace) == kept
+    server.stop()
+    assert_fsck_clean(server)

@@ -368,6 +368,9 @@ class Maintenance:
                         continue
                 deleted += 1
                 reclaimed += sizes.get(digest, 0)
+            if not dry_run:
+                # Packs that records died in without a deletion (dropped batches) are compacted too.
+                self.store.compact_mostly_dead()
         objects, size = store_footprint(self.store)
         report = GcReport(deleted_objects=deleted, reclaimed_bytes=reclaimed, store_objects=objects,
                           store_bytes=size, duration_seconds=time.monotonic() - started, dry_run=dry_run)

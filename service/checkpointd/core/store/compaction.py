@@ -117,6 +117,19 @@ class Compaction:
             self._compact(pack)
         return len(dead), max(0, before - sum(pack.size for pack in self._packs))
 
+    def compact_mostly_dead(self) -> int:
+        """Compacts every pack more than half dead, the active one included, and returns how many:
+        records die without a deletion too (a dropped batch's, such as a look's directory nodes; one
+        superseded by another batch's), and ``delete`` compacts only the pack of what it deletes.
+        Call under ``collecting()``, as ``delete``."""
+        with self._pack_lock:
+            mostly_dead = [pack for pack in self._packs if self._dead.get(pack, 0) * 2 > pack.size]
+        for pack in mostly_dead:
+            if pack is self._active:
+                self._stop_appending_to(pack)
+            self._compact(pack)
+        return len(mostly_dead)
+
     def _stop_appending_to(self, active: Pack) -> None:
         """Makes the active pack durable and starts a new one at the next append, so that the
         old one can be compacted (its live records move to the new one)."""

@@ -243,6 +243,11 @@ class DatabaseStore(ReplicaFence):
         exists" can tell it may be stale."""
         return self._deletions
 
+    def compact_mostly_dead(self) -> int:
+        """Nothing to compact: the database store keeps no packs (a deleted row is the database's
+        to reuse)."""
+        return 0
+
     def delete(self, digest: str) -> None:
         """Called under ``collecting``; the first delete of a collection bumps the GC epoch in
         its transaction, so every replica forgets what it knew once it takes the fence again."""
