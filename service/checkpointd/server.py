@@ -542,7 +542,14 @@ class CheckpointdServer:
                 self._teardown("closing the metrics endpoint", self.metrics.close)
                 self._teardown("unbinding the metrics", lambda: telemetry.unbind(self.metrics))
             self._teardown("closing the checkpoint engine", self.checkpoints.close)
-            self._teardown("closing the content store", self.store.close)
+            if self._maintenance_thread is not None and self._maintenance_thread.is_alive():
+                # A collection still running may be compacting: closing the packs under it would let
+                # its next write land in whatever file reuses their descriptors. The process exits
+                # with them open instead, which a compaction survives as it survives a kill.
+                log.warning("the maintenance thread is still running %ss after it was asked to stop; the "
+                            "content store is left open for it", grace)
+            else:
+                self._teardown("closing the content store", self.store.close)
             self._teardown("closing the database", self.db.dispose)
             self._teardown("releasing the data dir locks", self._release_locks)
             if self.teardown_failed:

@@ -42,15 +42,16 @@ GC_EVERY_100_MS = ("--gc-interval", "0.1")
 
 @pytest.fixture
 def active_compactions(monkeypatch) -> list[int]:
-    """Counts the compactions of the active pack (``_stop_appending_to``)."""
+    """Counts the compactions of the active pack (``_compact`` of the pack being appended to)."""
     counted: list[int] = []
-    original = compaction_module.Compaction._stop_appending_to
+    original = compaction_module.Compaction._compact
 
     def counting(self, pack):
-        counted.append(pack.number)
+        if pack is self._active:
+            counted.append(pack.number)
         return original(self, pack)
 
-    monkeypatch.setattr(compaction_module.Compaction, "_stop_appending_to", counting)
+    monkeypatch.setattr(compaction_module.Compaction, "_compact", counting)
     return counted
 
 

@@ -22,6 +22,23 @@ def _pack_bytes(server) -> int:
     return sum(path.stat().st_size for path in (server.data_dir / "store" / "packs").glob("*.pack"))
 
 
+def _new_version(stub, plan_id: str, workspace, rng: random.Random, files: int) -> tuple[str, dict]:
+    """Every file rewritten with new random bytes (packed: under the loose limit), then a checkpoint."""
+    for number in range(files):
+        (workspace / f"f{number:02}.bin").write_bytes(rng.randbytes(4000))
+    checkpoint = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
+        plan_id=plan_id, workspace_root=str(workspace)), timeout=60).checkpoint
+    return checkpoint.checkpoint_id, tree_state(workspace)
+
+
+def _each_restores_exactly(stub, plan_id: str, workspace, kept: list[tuple[str, dict]]) -> None:
+    for checkpoint_id, state in kept:
+        shutil.rmtree(workspace)
+        workspace.mkdir()
+        stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=checkpoint_id), timeout=60)
+        assert tree_state(workspace) == state
+
+
 def test_a_running_server_gives_back_the_space_it_collects(ops_server):
     server = ops_server("--gc-interval", "0.1")
     if server.store_kind != "disk":
@@ -33,11 +50,7 @@ def test_a_running_server_gives_back_the_space_it_collects(ops_server):
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         for _version in range(5):
-            for number in range(80):
-                (workspace / f"f{number:02}.bin").write_bytes(rng.randbytes(4000))
-            checkpoint = stub.CreateCheckpoint(pb.CreateCheckpointRequest(
-                plan_id=plan_id, workspace_root=str(workspace)), timeout=60).checkpoint
-            kept.append((checkpoint.checkpoint_id, tree_state(workspace)))
+            kept.append(_new_version(stub, plan_id, workspace, rng, files=80))
         whole = _pack_bytes(server)
         assert whole > 5 * 80 * 4000, "the versions are packed, not loose"
         for checkpoint_id, _state in kept[:3]:
@@ -51,11 +64,7 @@ def test_a_running_server_gives_back_the_space_it_collects(ops_server):
     server.start()
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
-        for checkpoint_id, state in kept:
-            shutil.rmtree(workspace)
-            workspace.mkdir()
-            stub.Rollback(pb.RollbackRequest(plan_id=plan_id, checkpoint_id=checkpoint_id), timeout=60)
-            assert tree_state(workspace) == state
+        _each_restores_exactly(stub, plan_id, workspace, kept)
 
 
 def test_a_collection_compacts_records_that_died_without_a_deletion(ops_server):
@@ -89,3 +98,34 @@ def test_a_collection_compacts_records_that_died_without_a_deletion(ops_server):
     assert tree_state(workspace) == kept
     server.stop()
     assert_fsck_clean(server)
+
+
+def test_a_server_stopped_in_the_middle_of_a_compaction_loses_nothing(ops_server, tmp_path):
+    """SIGTERM while a collection is compacting (paused after copying the live records): the
+    server does not close the packs under it (it exits with them open, as a kill would leave
+    them), and the restarted server has every checkpoint it kept, exactly."""
+    handshake = tmp_path / "faults"
+    handshake.mkdir()
+    server = ops_server("--gc-interval", "0.1", "--grace-seconds", "1",
+                        env={"CHECKPOINTD_PAUSE_AT": "compact.copied:1", "CHECKPOINTD_FAULT_DIR": str(handshake)})
+    if server.store_kind != "disk":
+        pytest.skip("the database store keeps no packs")
+    rng = random.Random(11)
+    workspace = server.new_workspace()
+    plan_id = str(ULID())
+    kept = []
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        for _version in range(3):
+            kept.append(_new_version(stub, plan_id, workspace, rng, files=40))
+        for checkpoint_id, _state in kept[:2]:
+            stub.DeleteCheckpoint(pb.DeleteCheckpointRequest(checkpoint_id=checkpoint_id), timeout=30)
+        kept = kept[2:]
+        wait_until(lambda: (handshake / "paused.compact.copied").exists(), "a compaction to pause")
+    server.stop()
+    assert "the content store is left open for it" in server.log()
+    assert_fsck_clean(server)
+    server.start()
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        _each_restores_exactly(stub, plan_id, workspace, kept)

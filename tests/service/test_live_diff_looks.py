@@ -39,17 +39,23 @@ def _read(stub, checkpoint_id: str, path: str) -> bytes:
         pb.ReadCheckpointFileRequest(checkpoint_id=checkpoint_id, path=path)))
 
 
+def _new_files(workspace: Path) -> dict[str, bytes]:
+    """~2 MiB not checkpointed, which compresses to nothing less: path -> content."""
+    written = {f"new/f{i:02}.bin": os.urandom(_FILE_BYTES) for i in range(_FILES)}
+    for path, data in written.items():
+        (workspace / path).parent.mkdir(exist_ok=True)
+        (workspace / path).write_bytes(data)
+    return written
+
+
 def test_a_look_at_the_live_workspace_stores_none_of_the_files_it_hashes(fresh_server: RunningServer, plan_id):
     workspace = fresh_server.new_workspace()
     (workspace / "same-size.txt").write_text("one\n")
     with grpc.insecure_channel(fresh_server.tcp_target) as channel:
         stub = checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
         base = checkpoint_id_of(stub, plan_id, workspace)
-        # Not checkpointed: ~2 MiB that compresses to nothing less, and an edit of the same size.
-        written = {f"new/f{i:02}.bin": os.urandom(_FILE_BYTES) for i in range(_FILES)}
-        for path, data in written.items():
-            (workspace / path).parent.mkdir(exist_ok=True)
-            (workspace / path).write_bytes(data)
+        # Not checkpointed: new files, and an edit of the same size.
+        written = _new_files(workspace)
         (workspace / "same-size.txt").write_text("two\n")
         before = _store_bytes(fresh_server)
 
@@ -100,10 +106,7 @@ def test_a_dry_run_rollback_is_a_look_too(fresh_server: RunningServer, plan_id):
     with grpc.insecure_channel(fresh_server.tcp_target) as channel:
         stub = checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
         base = checkpoint_id_of(stub, plan_id, workspace)
-        written = {f"new/f{i:02}.bin": os.urandom(_FILE_BYTES) for i in range(_FILES)}
-        for path, data in written.items():
-            (workspace / path).parent.mkdir(exist_ok=True)
-            (workspace / path).write_bytes(data)
+        written = _new_files(workspace)
         (workspace / "kept.txt").write_text("edited\n")
         before = _store_bytes(fresh_server)
         request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=base, dry_run=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from checkpointd.core.capture.look import LookBatch
+from checkpointd.core.kernel.errors import DataLoss
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.content_store import UnreadableSource, digest_bytes
 from checkpointd.core.store.db_store import open_store
@@ -41,12 +42,15 @@ def test_a_look_hashes_a_file_without_storing_it(store, tmp_path: Path, size: in
     data = os.urandom(size)
     fd = _fd_of(tmp_path / "f", data)
     look = LookBatch(store.batch())
+    digest = digest_bytes(data)
     try:
         assert look.put_fd(fd, size) == (hashlib.sha256(data).hexdigest(), size)
+        # Not even readable as an object of the open batch (as what a batch writes is).
+        with pytest.raises(DataLoss):
+            store.read_bytes(digest)
     finally:
         os.close(fd)
         look.abort()
-    digest = digest_bytes(data)
     assert look.reuse(digest)
     assert not store.has(digest)
     with store.batch() as other:
@@ -71,6 +75,8 @@ def test_a_look_stores_its_nodes_until_it_is_dropped(store) -> None:
     assert store.read_bytes(digest) == node
     look.abort()
     assert not store.has(digest)
+    with pytest.raises(DataLoss):
+        store.read_bytes(digest)
 
 
 def test_a_look_is_never_committed(store, tmp_path: Path) -> None:

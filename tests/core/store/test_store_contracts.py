@@ -218,7 +218,7 @@ def _run(steps, root: Path) -> None:
                     pack = store._committed[digest].pack
                     with store.collecting():
                         store.delete(digest)
-                    if pack in store._packs and pack is not store._active:
+                    if pack in store._packs and pack.damaged_at is None:
                         assert store._dead[pack] * 2 <= pack.size, "a pack more than half dead was kept"
                     del model.committed[digest]
                     model.uncommitted.pop(digest, None)

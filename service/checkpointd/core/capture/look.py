@@ -23,15 +23,16 @@ import hashlib
 import threading
 from collections.abc import Callable
 
-from checkpointd.core.store.content_store import digest_bytes, read_source, read_source_chunk
+from checkpointd.core.store.content_store import Batch, digest_bytes, read_source, read_source_chunk
+from checkpointd.core.store.db_store import Batch as DbBatch
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
 
 
 class LookBatch:
     """Wraps a store's batch for one look (see the module docstring)."""
 
-    def __init__(self, nodes) -> None:
-        #: The store's batch the look's directory nodes (and symlink targets) are written to.
+    def __init__(self, nodes: Batch | DbBatch) -> None:
+        #: The store's batch the look's directory nodes are written to.
         self._nodes = nodes
         #: Digests of the file contents this look hashed (several capture threads add to it).
         self._hashed: set[str] = set()
@@ -67,9 +68,9 @@ class LookBatch:
             self._hashed.update(digest for digest, _record in records)
 
     def put_bytes(self, data: bytes, similar: str = "") -> str:
-        """A directory node or a symlink target: stored in the look's own batch, which the diff
-        reads nodes from (a node is written whole: it is dropped with the look)."""
-        return self._nodes.put_bytes(data)
+        """A directory node: stored in the look's own batch, which the diff reads nodes from,
+        whole and quickly (it is dropped with the look), and never offered as a delta base."""
+        return self._nodes.put_whole(data)
 
     def reuse(self, digest: str) -> bool:
         """Whether ``digest`` may be referenced without reading its content again: hashed by this

@@ -37,10 +37,6 @@ class Compaction:
             self._mark_dead(digest, location)
             pack = location.pack
             if self._dead[pack] * 2 > pack.size:
-                if pack is self._active:
-                    # The pack being appended to is compacted too: a store smaller than one pack
-                    # would otherwise give nothing back to the disk until it filled one.
-                    self._stop_appending_to(pack)
                 self._compact(pack)
 
     def _rewrite_dependents(self, base: str) -> None:
@@ -65,8 +61,12 @@ class Compaction:
         self._dependents.pop(base, None)
 
     def _compact(self, pack: Pack) -> None:
-        """Moves a mostly dead pack's live records to the active pack, then removes it. Called
-        by ``delete``, that is under ``collecting()``: no batch is between writing and committing.
+        """Moves a mostly dead pack's live records to the active pack, then removes it. The pack
+        being appended to is compacted too (a store smaller than one pack would otherwise give
+        nothing back to the disk until it filled one): it is made durable, and its records move
+        to a new pack. Called under ``collecting()`` (by ``delete``, ``compact_all`` and
+        ``compact_mostly_dead``): no batch is between writing and committing, so nothing appends
+        to a pack meanwhile.
 
         The pack's tombstones of objects that are not stored again go along while an older
         pack may still hold a record they end: without them a reopened store would index
@@ -74,6 +74,9 @@ class Compaction:
         so a crash at any step leaves either the pack or its replacement records."""
         if pack.damaged_at is not None:
             return  # its unreadable bytes are kept for repair (see _recover)
+        if pack is self._active:
+            pack.sync_to(pack.size)
+            self._active = None  # the next append starts a pack
         moving = [(digest, location) for digest, location in self._committed.items() if location.pack is pack]
         tombstones = {digest for digest, kind, _body, _length in self._records(pack, pack.size) if kind == DELETED}
         carried = [digest for digest in sorted(tombstones)
@@ -111,30 +114,23 @@ class Compaction:
         if not dead:
             return 0, 0
         before = sum(pack.size for pack in self._packs)
-        if self._active in dead:
-            self._stop_appending_to(self._active)
-        for pack in dead:
+        for pack in self._active_first(dead):
             self._compact(pack)
         return len(dead), max(0, before - sum(pack.size for pack in self._packs))
 
-    def compact_mostly_dead(self) -> int:
-        """Compacts every pack more than half dead, the active one included, and returns how many:
-        records die without a deletion too (a dropped batch's, such as a look's directory nodes; one
-        superseded by another batch's), and ``delete`` compacts only the pack of what it deletes.
-        Call under ``collecting()``, as ``delete``."""
+    def compact_mostly_dead(self) -> None:
+        """Compacts every pack more than half dead: records die without a deletion too (a dropped
+        batch's, such as a look's directory nodes; one superseded by another batch's), and
+        ``delete`` compacts only the pack of what it deletes. Call under ``collecting()``."""
         with self._pack_lock:
             mostly_dead = [pack for pack in self._packs if self._dead.get(pack, 0) * 2 > pack.size]
-        for pack in mostly_dead:
-            if pack is self._active:
-                self._stop_appending_to(pack)
+        for pack in self._active_first(mostly_dead):
             self._compact(pack)
-        return len(mostly_dead)
 
-    def _stop_appending_to(self, active: Pack) -> None:
-        """Makes the active pack durable and starts a new one at the next append, so that the
-        old one can be compacted (its live records move to the new one)."""
-        active.sync_to(active.size)
-        self._active = None
+    def _active_first(self, packs: list[Pack]) -> list[Pack]:
+        """``packs`` in order, the active one first: the others' records then move to the new
+        pack it leaves behind, not into it, to be moved a second time."""
+        return sorted(packs, key=lambda pack: pack is not self._active)
 
     def _older_pack_may_hold(self, digest: str, pack: Pack) -> bool:
         """Whether a pack before ``pack`` may hold a (dead) record of ``digest``."""

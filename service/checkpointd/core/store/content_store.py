@@ -101,6 +101,8 @@ _DELTA_GAIN = 0.9
 #: ~5 ms longer). Reader processes (a first capture of thousands of files, whose speed matters
 #: most) keep level 2.
 _ZSTD_WHOLE_LEVEL = 7
+#: zstd's level for objects ``put_whole`` writes (dropped with their batch: speed over size).
+_ZSTD_FAST_LEVEL = 1
 #: Smaller objects are not looked up in the similarity index (nothing to gain).
 _SEARCH_MIN_BYTES = 64
 _CHUNK = 1 << 20
@@ -301,9 +303,12 @@ class ContentStore(PackReplay, Compaction):
 
     def _open_packs(self) -> None:
         recovery = Recovery()
-        for path in sorted(self.packs_dir.glob("pack-*.pack")):
+        # In the order they were written: by number, which outgrows its six digits (every
+        # compaction starts a pack), not by name.
+        for number, path in sorted((int(path.stem.removeprefix("pack-")), path)
+                                   for path in self.packs_dir.glob("pack-*.pack")):
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-            pack = Pack(path, int(path.stem.removeprefix("pack-")), fd, 0, 0)
+            pack = Pack(path, number, fd, 0, 0)
             self._recover(pack, recovery)
             self._packs.append(pack)
         if self._packs and self._packs[-1].appendable and self._packs[-1].size < PACK_ROTATE_BYTES:
@@ -641,6 +646,20 @@ class Batch:
         self._publish(digest, self._append_packed(digest, data, similar, found))
         if found:
             self.store._similar.add(digest, found)
+        return digest
+
+    def put_whole(self, data: bytes) -> str:
+        """Stores ``data`` whole, compressed at a fast level, neither as a delta nor offered as a
+        delta base to objects written later (kept out of the similarity index): for an object
+        dropped with its batch, such as the directory node of a look (``LookBatch``)."""
+        digest = digest_bytes(data)
+        if self._known(digest):
+            return digest
+        if len(data) > COMPRESS_LIMIT:
+            self._put_loose(digest, (data,))
+            return digest
+        kind, body = pack_body(data, _ZSTD_FAST_LEVEL)
+        self._publish(digest, self.store._writable_pack().append(digest, kind, body))
         return digest
 
     def put_records(self, records: list[tuple[str, bytes]]) -> None:

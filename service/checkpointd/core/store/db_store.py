@@ -243,10 +243,9 @@ class DatabaseStore(ReplicaFence):
         exists" can tell it may be stale."""
         return self._deletions
 
-    def compact_mostly_dead(self) -> int:
+    def compact_mostly_dead(self) -> None:
         """Nothing to compact: the database store keeps no packs (a deleted row is the database's
         to reuse)."""
-        return 0
 
     def delete(self, digest: str) -> None:
         """Called under ``collecting``; the first delete of a collection bumps the GC epoch in
@@ -429,6 +428,10 @@ class Batch:
         else:
             self._publish(digest, self._spill(data))
         return digest
+
+    def put_whole(self, data: bytes) -> str:
+        """As ``put_bytes``: the database keeps every object whole, and finds none by similarity."""
+        return self.put_bytes(data)
 
     def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
         """Stores the content readable from ``src_fd``; returns (digest, size read). ``similar``
