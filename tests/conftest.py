@@ -269,8 +269,10 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _server(base: Path, databases: PostgresDatabases | None, kind: type[RunningServer] = RunningServer,
-            **kwargs) -> Iterator[RunningServer]:
+def serving_server(base: Path, databases: PostgresDatabases | None, kind: type[RunningServer] = RunningServer,
+                   **kwargs) -> Iterator[RunningServer]:
+    """A started server (``kwargs`` go to ``kind``: ``extra_args``...) on a database of its own when
+    the suite runs on PostgreSQL; stopped, and its database dropped, at the end."""
     db_url = databases.create() if databases is not None else ""
     server = kind(base, db_url=db_url, **kwargs)
     try:
@@ -284,12 +286,12 @@ def _server(base: Path, databases: PostgresDatabases | None, kind: type[RunningS
 
 @pytest.fixture(scope="session")
 def checkpointd_server(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
-    yield from _server(short_tmp / "session", suite_databases)
+    yield from serving_server(short_tmp / "session", suite_databases)
 
 
 @pytest.fixture
 def fresh_server(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
-    yield from _server(Path(tempfile.mkdtemp(prefix="f-", dir=short_tmp)), suite_databases)
+    yield from serving_server(Path(tempfile.mkdtemp(prefix="f-", dir=short_tmp)), suite_databases)
 
 
 @pytest.fixture
@@ -298,7 +300,7 @@ def checkout(short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iter
     starts one: where the READMEs' code blocks run (tests.readme_blocks.Checkout)."""
     from tests.readme_blocks import Checkout
 
-    yield from _server(Path(tempfile.mkdtemp(prefix="r-", dir=short_tmp)), suite_databases, kind=Checkout)
+    yield from serving_server(Path(tempfile.mkdtemp(prefix="r-", dir=short_tmp)), suite_databases, kind=Checkout)
 
 
 @pytest.fixture

@@ -55,6 +55,24 @@ def checkpoint_id_of(stub, plan_id: str, root: Path | None = None) -> str:
     return stub.CreateCheckpoint(request).checkpoint.checkpoint_id
 
 
+def checkpoint_files(trees, store, tree_digest: str) -> dict[str, tuple]:
+    """What a checkpoint's tree holds, every file read back from the store, in ``tree_state``'s
+    shape (in-process tests: ``trees`` and ``store`` are the engine's)."""
+    from checkpointd.core.store.tree import EntryKind
+
+    out: dict[str, tuple] = {}
+    for path, entry in trees.flatten(tree_digest):
+        if entry.kind is EntryKind.DIR:
+            out[path] = ("dir", entry.mode)
+        elif entry.kind is EntryKind.SYMLINK:
+            out[path] = ("symlink", entry.target)
+        else:
+            data = store.read_bytes(entry.digest)
+            assert len(data) == entry.size, path
+            out[path] = ("file", data, entry.mode)
+    return out
+
+
 def descriptors_under(root: Path) -> list[str]:
     """What this process's open descriptors name under ``root`` (root itself included; a file
     whose last link is gone ends in " (deleted)")."""

@@ -34,11 +34,11 @@ from checkpointd.core.kernel.telemetry import CaptureMode
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.restore import restorer as restorer_module
 from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import EntryKind, Trees
+from checkpointd.core.store.tree import Trees
 from checkpointd.core.workspace.workspace import Workspace
 from tests.engine.conftest import write
 from tests.engine.live import NamespacedServer, NamespacedSession, serve
-from tests.helpers import at_fault_point, tree_state
+from tests.helpers import at_fault_point, checkpoint_files, tree_state
 
 # Known gaps, recorded as strict xfails (each fails today for the reason given; fixing one makes it pass).
 _KNOWN_GAP_TEMPORARY_NAME = (
@@ -106,15 +106,7 @@ class Engine:
 
     def files_of(self, row) -> dict[str, tuple]:
         """What a checkpoint holds, in ``tree_state``'s shape."""
-        out: dict[str, tuple] = {}
-        for path, entry in self.engine.trees.flatten(row.tree_digest):
-            if entry.kind is EntryKind.DIR:
-                out[path] = ("dir", entry.mode)
-            elif entry.kind is EntryKind.SYMLINK:
-                out[path] = ("symlink", entry.target)
-            else:
-                out[path] = ("file", self.store.read_bytes(entry.digest), entry.mode)
-        return out
+        return checkpoint_files(self.engine.trees, self.store, row.tree_digest)
 
 
 @pytest.fixture

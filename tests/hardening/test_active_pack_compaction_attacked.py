@@ -300,6 +300,16 @@ class _Acknowledged:
                     ids.remove(checkpoint_id)
 
 
+def _verified_across_a_restart(server, acknowledged: _Acknowledged) -> None:
+    """fsck clean on the stopped server; every acknowledged checkpoint exact after a restart."""
+    server.stop()
+    assert_fsck_clean(server)
+    server.start()
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        _verify(pb_grpc.CheckpointServiceStub(channel), acknowledged)
+    server.stop()
+
+
 def _read_file(stub, checkpoint_id: str, path: str) -> bytes:
     return b"".join(part.data for part in stub.ReadCheckpointFile(
         pb.ReadCheckpointFileRequest(checkpoint_id=checkpoint_id, path=path), timeout=60))
@@ -389,12 +399,7 @@ def test_kill_during_a_compaction_of_the_active_pack_by_periodic_gc_loses_no_ack
             again = stub.CreateCheckpoint(request, timeout=60).checkpoint
             acknowledged.add(request.plan_id, again.checkpoint_id, files, state)
         _verify(stub, acknowledged)
-    server.stop()
-    assert_fsck_clean(server)
-    server.start()
-    with grpc.insecure_channel(server.tcp_target) as channel:
-        _verify(pb_grpc.CheckpointServiceStub(channel), acknowledged)
-    server.stop()
+    _verified_across_a_restart(server, acknowledged)
     assert_fsck_clean(server)
 
 
@@ -499,9 +504,4 @@ def test_the_database_store_collects_and_keeps_what_is_referenced_as_before(idle
             threading.Event().wait(0.05)
         assert server.object_count() < before, "the database store collected nothing"
         _verify(stub, acknowledged)
-    server.stop()
-    assert_fsck_clean(server)
-    server.start()
-    with grpc.insecure_channel(server.tcp_target) as channel:
-        _verify(pb_grpc.CheckpointServiceStub(channel), acknowledged)
-    server.stop()
+    _verified_across_a_restart(server, acknowledged)

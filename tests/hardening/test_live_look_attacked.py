@@ -48,9 +48,9 @@ from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import open_store
 from checkpointd.core.store.tree import Change, EntryKind
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
-from tests.conftest import CHECKPOINTD, SERVER_ARGS, PostgresDatabases, RunningServer
+from tests.conftest import CHECKPOINTD, SERVER_ARGS, PostgresDatabases, RunningServer, serving_server
 from tests.hardening.support import assert_fsck_clean, start_with_faults
-from tests.helpers import checkpoint_id_of, tree_state
+from tests.helpers import checkpoint_files, checkpoint_id_of, tree_state
 
 # -- in process ----------------------------------------------------------------------------------
 
@@ -103,18 +103,8 @@ class _Engine:
         return self.engine.diff(row.checkpoint_id)
 
     def files_of(self, row) -> dict[str, tuple]:
-        """What a checkpoint holds, read back from the store, in ``tree_state``'s shape."""
-        out: dict[str, tuple] = {}
-        for path, entry in self.engine.trees.flatten(row.tree_digest):
-            if entry.kind is EntryKind.DIR:
-                out[path] = ("dir", entry.mode)
-            elif entry.kind is EntryKind.SYMLINK:
-                out[path] = ("symlink", entry.target)
-            else:
-                data = self.store.read_bytes(entry.digest)
-                assert len(data) == entry.size, path
-                out[path] = ("file", data, entry.mode)
-        return out
+        """What a checkpoint holds, in ``tree_state``'s shape."""
+        return checkpoint_files(self.engine.trees, self.store, row.tree_digest)
 
     def gc(self) -> None:
         """A collection, then (disk store) a compaction of every pack holding a dead record."""
@@ -593,16 +583,8 @@ SERVER_VARIANTS = [("disk", "on"), ("db", "off")]
 @pytest.fixture(params=SERVER_VARIANTS, ids=[f"{k}-watcher-{w}" for k, w in SERVER_VARIANTS])
 def server(request, short_tmp: Path, suite_databases: PostgresDatabases | None) -> Iterator[RunningServer]:
     kind, watcher = request.param
-    db_url = suite_databases.create() if suite_databases is not None else ""
-    running = RunningServer(Path(tempfile.mkdtemp(prefix="l-", dir=short_tmp)), db_url=db_url,
-                            extra_args=(*SERVER_ARGS, "--store", kind, "--watcher", watcher))
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-        if suite_databases is not None:
-            suite_databases.drop(db_url)
+    yield from serving_server(Path(tempfile.mkdtemp(prefix="l-", dir=short_tmp)), suite_databases,
+                              extra_args=(*SERVER_ARGS, "--store", kind, "--watcher", watcher))
 
 
 def _gc_compact(server: RunningServer, knobs: dict[str, str] | None = None) -> None:
@@ -717,16 +699,8 @@ def test_a_look_stores_nothing_in_the_database_store(short_tmp: Path,
 
 
 def _server(short_tmp: Path, databases: PostgresDatabases | None, args: tuple[str, ...]) -> Iterator[RunningServer]:
-    db_url = databases.create() if databases is not None else ""
-    running = RunningServer(Path(tempfile.mkdtemp(prefix="l-", dir=short_tmp)), db_url=db_url,
-                            extra_args=(*SERVER_ARGS, *args))
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-        if databases is not None:
-            databases.drop(db_url)
+    yield from serving_server(Path(tempfile.mkdtemp(prefix="l-", dir=short_tmp)), databases,
+                              extra_args=(*SERVER_ARGS, *args))
 
 
 def test_concurrent_looks_and_checkpoints_over_grpc_never_fail(server: RunningServer) -> None:

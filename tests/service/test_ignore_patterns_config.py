@@ -15,7 +15,7 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc, config_service_pb2_grpc
 from checkpoint.v1 import config_service_pb2 as cfg
-from tests.conftest import _server
+from tests.conftest import serving_server
 from tests.helpers import error_info
 
 KEY = "core.snapshot.ignore_patterns"
@@ -28,7 +28,7 @@ def value(data) -> struct_pb2.Value:
 @pytest.fixture(scope="module")
 def stubs(short_tmp, suite_databases):
     """A server of this module's own: a regression would store bad global values."""
-    for server in _server(Path(tempfile.mkdtemp(prefix="ip-", dir=short_tmp)), suite_databases):
+    for server in serving_server(Path(tempfile.mkdtemp(prefix="ip-", dir=short_tmp)), suite_databases):
         with grpc.insecure_channel(server.tcp_target) as channel:
             yield (config_service_pb2_grpc.ConfigServiceStub(channel),
                    checkpoint_service_pb2_grpc.CheckpointServiceStub(channel), server)

@@ -36,10 +36,9 @@ from checkpointd.core.kernel.faults import Point
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.restore import restorer as restorer_module
 from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import EntryKind
 from checkpointd.core.workspace import workspace as workspace_module
 from checkpointd.core.workspace.workspace import Workspace, is_temp_name
-from tests.helpers import at_fault_point, tree_state
+from tests.helpers import at_fault_point, checkpoint_files, tree_state
 
 
 class Plan:
@@ -72,15 +71,7 @@ class Plan:
 
     def files_of(self, row) -> dict[str, tuple]:
         """What a checkpoint holds, in ``tree_state``'s shape."""
-        out: dict[str, tuple] = {}
-        for path, entry in self.engine.trees.flatten(row.tree_digest):
-            if entry.kind is EntryKind.DIR:
-                out[path] = ("dir", entry.mode)
-            elif entry.kind is EntryKind.SYMLINK:
-                out[path] = ("symlink", entry.target)
-            else:
-                out[path] = ("file", self.store.read_bytes(entry.digest), entry.mode)
-        return out
+        return checkpoint_files(self.engine.trees, self.store, row.tree_digest)
 
     def state(self) -> dict[str, tuple]:
         return tree_state(self.root)
