@@ -637,10 +637,7 @@ class Batch:
         damaged since it was written is not built on). Without one that pays, a stored object
         found like it by content may serve as base."""
         digest = digest_bytes(data)
-        if self._known(digest):
-            return digest
-        if len(data) > COMPRESS_LIMIT:
-            self._put_loose(digest, (data,))
+        if not self._to_pack(digest, data):
             return digest
         found = anchors(data) if len(data) >= _SEARCH_MIN_BYTES else []
         self._publish(digest, self._append_packed(digest, data, similar, found))
@@ -648,15 +645,22 @@ class Batch:
             self.store._similar.add(digest, found)
         return digest
 
+    def _to_pack(self, digest: str, data: bytes) -> bool:
+        """Whether ``data`` is still to be packed: not if it is stored or written by this batch
+        already, nor if it is too large to pack (then it is written loose, here)."""
+        if self._known(digest):
+            return False
+        if len(data) > COMPRESS_LIMIT:
+            self._put_loose(digest, (data,))
+            return False
+        return True
+
     def put_whole(self, data: bytes) -> str:
         """Stores ``data`` whole, compressed at a fast level, neither as a delta nor offered as a
         delta base to objects written later (kept out of the similarity index): for an object
         dropped with its batch, such as the directory node of a look (``LookBatch``)."""
         digest = digest_bytes(data)
-        if self._known(digest):
-            return digest
-        if len(data) > COMPRESS_LIMIT:
-            self._put_loose(digest, (data,))
+        if not self._to_pack(digest, data):
             return digest
         kind, body = pack_body(data, _ZSTD_FAST_LEVEL)
         self._publish(digest, self.store._writable_pack().append(digest, kind, body))
