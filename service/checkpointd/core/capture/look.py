@@ -37,13 +37,12 @@ class LookBatch:
         #: Digests of the file contents this look hashed (several capture threads add to it).
         self._hashed: set[str] = set()
         self._lock = threading.Lock()
-        self._dropped = False
 
     def __enter__(self) -> LookBatch:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.abort()
+        self.abort()  # dropped, never committed, whatever happened
 
     def put_fd(self, src_fd: int, expected_size: int, similar: str = "") -> tuple[str, int]:
         """The digest and size of what is readable from ``src_fd``, which is not stored.
@@ -61,11 +60,6 @@ class LookBatch:
         with self._lock:
             self._hashed.add(digest)
         return digest, size
-
-    def put_records(self, records: list[tuple[str, bytes]]) -> None:
-        """Files a reader process encoded: only their digests are kept."""
-        with self._lock:
-            self._hashed.update(digest for digest, _record in records)
 
     def put_bytes(self, data: bytes, similar: str = "") -> str:
         """A directory node: stored in the look's own batch, which the diff reads nodes from,
@@ -87,7 +81,4 @@ class LookBatch:
         raise RuntimeError("a look at the live workspace is never committed: it stored no file contents")
 
     def abort(self) -> None:
-        """Drops the look's nodes (once: a look is aborted by its caller and by ``with``)."""
-        if not self._dropped:
-            self._dropped = True
-            self._nodes.abort()
+        self._nodes.abort()

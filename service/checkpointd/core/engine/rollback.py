@@ -102,8 +102,7 @@ class Rollbacks:
             nested = nested_workspaces(session, parts.trees, plan_id, plan.workspace_root, changes)
             if nested and not req.allow_nested_workspaces:
                 raise refusal(plan_id, nested)  # the batch is dropped on the way out
-            if req.dry_run:
-                batch.abort()
+            if req.dry_run:  # the look is dropped on the way out
                 return RollbackResult(changes, parts.state(target) if req.scope.state else b"", None, True, nested)
             state_digest, state_size = safety_state(session, plan_id, req.current_state, batch)
         seen = seen_by_capture(parts, plan.workspace_root, capture, changes)

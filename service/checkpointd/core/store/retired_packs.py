@@ -70,6 +70,8 @@ class RetiredPacks:
             self._retired = []
 
     def _close_unread(self) -> None:
+        if not self._retired:
+            return  # every read ends here: most find nothing to close
         oldest = min(self._reads, default=self._epoch)
         while self._retired and self._retired[0][0] < oldest:
             _epoch, pack = self._retired.pop(0)
