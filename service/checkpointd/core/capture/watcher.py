@@ -23,6 +23,10 @@ with O_TMPFILE, given its name with linkat and then written through its first fd
 are reported to that fd's nameless dentry, which IN_EXCL_UNLINK drops); a change of a
 directory's owner or ACL that leaves its mode alone (its mode changing makes the capture scan it
 again); changes made on another machine to a network file system (the same as git's fsmonitor).
+A write through an outside name (the first case) is missing from later checkpoints but never
+lost to a rollback: the restorer checks each file against its stat identity (the write moved
+its ctime) before replacing or removing it, and refuses (see
+``tests/hardening/test_outside_hard_link_rollback.py``).
 """
 
 from __future__ import annotations
