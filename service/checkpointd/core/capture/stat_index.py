@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from checkpointd.core.kernel.private_files import private_dir, tighten_sqlite
 from checkpointd.core.metadata.db import PAGE_SIZE, WAL_AUTOCHECKPOINT_BYTES, WAL_SIZE_LIMIT
 
 log = logging.getLogger("checkpointd.index")
@@ -128,8 +129,10 @@ class StatIndex:
             self._db = self._connect(path)
 
     def _connect(self, path: Path) -> sqlite3.Connection | None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent, parents=True)
         for attempt in range(2):
+            with contextlib.suppress(OSError):  # where it cannot be made, sqlite3's open says why
+                tighten_sqlite(path)
             try:
                 db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
                 # Small pages, as the metadata database's: an index created now (an existing one

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
+from checkpointd.core.kernel.private_files import PRIVATE_FILE, tighten
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import StoreKind
 
@@ -50,7 +51,8 @@ class _FileLock:
         self._fd: int | None = None
 
     def acquire(self) -> Self:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+        tighten(self.path)
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:

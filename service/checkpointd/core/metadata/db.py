@@ -15,6 +15,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +32,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
 from checkpointd.core.kernel.errors import Reason, ResourceExhausted
+from checkpointd.core.kernel.private_files import tighten_sqlite
 from checkpointd.core.metadata import models  # noqa: F401 - registers the tables
 from checkpointd.core.metadata.group_commit import GroupCommit
 from checkpointd.core.metadata.rows import RowWriter, SqliteRows, was_dropped
@@ -151,6 +153,11 @@ class Database:
         # and wait for another.
         pool = {"pool_size": 10, "max_overflow": POOL_LIMIT - 10}
         if self.is_sqlite:
+            if self.sqlite_path is not None:
+                # Made private before SQLite makes it (with the umask's mode), where it can be made:
+                # where it cannot, SQLite's own open says why.
+                with contextlib.suppress(OSError):
+                    tighten_sqlite(self.sqlite_path)
             self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:

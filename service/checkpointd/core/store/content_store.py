@@ -52,6 +52,7 @@ import zstandard
 
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import DataLoss, Reason
+from checkpointd.core.kernel.private_files import PRIVATE_DIR, private_dir
 from checkpointd.core.store.compaction import Compaction
 from checkpointd.core.store.pack_replay import PackReplay
 from checkpointd.core.store.packs import (
@@ -237,8 +238,9 @@ class ContentStore(PackReplay, Compaction):
         self.objects = root / "objects"
         self.staging = root / "staging"
         self.packs_dir = root / "packs"
+        private_dir(root, parents=True)
         for directory in (self.objects, self.staging, self.packs_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+            private_dir(directory)
         self._clear_staging()
         #: Committed objects: durable, counted by ``has``.
         self._committed: dict[str, Location] = {}
@@ -860,7 +862,7 @@ class Batch:
                 for digest, staged in loose.items():
                     final = self.store.path_of(digest)
                     if not final.parent.is_dir():
-                        final.parent.mkdir(exist_ok=True)
+                        final.parent.mkdir(mode=PRIVATE_DIR, exist_ok=True)
                         fanouts.add(self.store.objects)
                     os.replace(staged, final)
                     fanouts.add(final.parent)

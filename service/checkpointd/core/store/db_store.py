@@ -34,6 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
+from checkpointd.core.kernel.private_files import private_dir, private_opener
 from checkpointd.core.metadata.db import AdvisoryLock, Database
 from checkpointd.core.metadata.models import ContentStoreStateRow, ObjectChunkRow, ObjectRow, utcnow
 from checkpointd.core.store.content_store import (
@@ -117,7 +118,7 @@ class DatabaseStore(ReplicaFence):
     def __init__(self, db: Database, staging: Path) -> None:
         self.db = db
         self.staging = staging
-        self.staging.mkdir(parents=True, exist_ok=True)
+        private_dir(self.staging, parents=True)
         self._clear_staging()
         self._staged: StagedObjects[_Staged] = StagedObjects()
         self._local_fence = SharedExclusiveLock()
@@ -443,7 +444,7 @@ class Batch:
         path = self.store.staging / uuid.uuid4().hex
         size = 0
         try:
-            with open(path, "xb") as out:
+            with open(path, "xb", opener=private_opener) as out:
                 while chunk := read_source_chunk(src_fd, _CHUNK):
                     hasher.update(chunk)
                     out.write(chunk)
@@ -465,7 +466,7 @@ class Batch:
         """A large in-memory object goes to a temporary file like a streamed one."""
         path = self.store.staging / uuid.uuid4().hex
         try:
-            with open(path, "xb") as out:
+            with open(path, "xb", opener=private_opener) as out:
                 out.write(data)
         except OSError as exc:
             path.unlink(missing_ok=True)
