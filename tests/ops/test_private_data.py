@@ -41,7 +41,8 @@ def _open_to_others(data_dir: Path) -> list[str]:
             if stat.S_ISSOCK(st.st_mode) or stat.S_ISLNK(st.st_mode):
                 continue
             if stat.S_IMODE(st.st_mode) & 0o077:
-                found.append(f"{oct(stat.S_IMODE(st.st_mode))} {os.path.relpath(os.path.join(directory, name), data_dir)}")
+                where = os.path.relpath(os.path.join(directory, name), data_dir)
+                found.append(f"{oct(stat.S_IMODE(st.st_mode))} {where}")
     return found
 
 

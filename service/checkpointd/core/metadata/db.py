@@ -9,13 +9,13 @@ that a newer server has already moved past.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
