@@ -28,6 +28,7 @@ from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import CreateRequest, EngineSettings, RollbackRequest, Scope
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.faults import Point
+from checkpointd.core.maintenance import fsck
 from checkpointd.core.maintenance import retention as retention_module
 from checkpointd.core.maintenance.retention import (
     Candidate,
@@ -41,7 +42,7 @@ from checkpointd.core.maintenance.retention import (
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.restore import restorer as restore_module
 from checkpointd.core.store.db_store import DatabaseStore, open_store
-from checkpointd.core.store.tree import EntryKind
+from checkpointd.core.store.tree import EMPTY_TREE, EntryKind
 
 
 class Engine:
@@ -189,6 +190,21 @@ def test_every_unreferenced_object_is_counted_however_many_there_are(engine: Eng
     assert engine.stored() == set() and report.store_objects == 0
     if isinstance(engine.store, DatabaseStore):
         assert report.store_bytes == 0
+
+
+def test_fsck_counts_as_referenced_what_a_collection_keeps_an_empty_directory_included(engine: Engine) -> None:
+    """The empty tree reads as no entries without its object, but an empty directory's capture
+    stores it: a collection keeps it (referenced), so fsck must not count it unreferenced."""
+    workspace = engine.workspace()
+    (workspace / "empty").mkdir()
+    (workspace / "file.txt").write_text("beside an empty directory\n")
+    engine.create(str(ULID()), workspace)
+    engine.maintenance.collect_garbage()
+    assert EMPTY_TREE in engine.stored()
+
+    report = fsck.check(engine.db, engine.store, full=True)
+
+    assert (report.problems, report.unreferenced_objects) == ([], 0)
 
 
 def test_a_checkpoint_committed_while_gc_runs_keeps_what_it_references(engine: Engine, monkeypatch) -> None:

@@ -161,6 +161,10 @@ class _Verifier:
                 continue
             seen.add(digest)
             if digest == EMPTY_TREE and digest not in self.bad:
+                # Reads as no entries without its object; stored (an empty directory's capture
+                # stores it), it is referenced like any other node, and collections keep it.
+                if self.store.has(digest):
+                    self.verify(digest)
                 continue
             data = self.read(digest)
             if data is None:
