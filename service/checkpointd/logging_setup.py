@@ -141,3 +141,6 @@ def configure(level: str, log_format: LogFormat, stream: TextIO | None = None) -
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # Alembic narrates each migration step at INFO, its docstring included (twenty lines on a first
+    # start); checkpointd.db's one line says which revision the schema is at and from which.
+    logging.getLogger("alembic").setLevel(logging.WARNING if root.level > logging.DEBUG else logging.NOTSET)
