@@ -12,11 +12,12 @@ def test_the_readme_langgraph_example_rewinds_files_and_state(checkout, monkeypa
     for variable, value in checkout.environment().items():
         monkeypatch.setenv(variable, value)
     monkeypatch.delenv("CHECKPOINTD_TARGET", raising=False)
-    workspace = checkout.new_workspace()
-    namespace: dict[str, object] = {"workspace": workspace}
+    monkeypatch.chdir(checkout.root)  # where a reader runs it: the checkout, make run's workspace root
+    namespace: dict[str, object] = {}
     exec(compile(readme_block("README.md", "langgraph"), "README.md", "exec"), namespace)
-    saver, graph = namespace["saver"], namespace["graph"]
+    saver, graph, workspace = namespace["saver"], namespace["graph"], namespace["workspace"]
     try:
+        assert workspace == checkout.root / "demo" / "langgraph"
         assert saver.target == checkout.unix_target, "CheckpointdSaver() did not find make run's socket"
         assert (workspace / "essay.md").read_text() == "# Polished\n"
         plan = CheckpointClient(saver._channel).list_checkpoints(thread_plan_id("essay 42"))
