@@ -14,7 +14,6 @@ from ulid import ULID
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.helpers import tree_state
-from tests.ops.conftest import wait_until
 
 
 def _started_with_umask(ops_server, *args: str):
@@ -105,7 +104,7 @@ def test_a_data_directory_left_open_by_an_earlier_release_is_made_private(ops_se
     if server.store_kind == "disk" or not server.db_url:
         # Made private at start-up: the store, the stat index, the SQLite database (each that this
         # server keeps), each named in a warning.
-        wait_until(lambda: "made private" in server.log(), "the start-up's warning")
+        assert "made private" in server.log()
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         for path in workspace.iterdir():
