@@ -84,3 +84,20 @@ def test_another_users_file_is_left_alone(tmp_path):
 
 def test_a_path_that_is_gone_is_nothing_to_tighten(tmp_path):
     assert not tighten(tmp_path / "gone")
+
+
+def test_one_that_cannot_be_tightened_is_reported_and_used_as_it_is(tmp_path, monkeypatch, caplog):
+    open_file = tmp_path / "checkpointd.db"
+    open_file.write_bytes(b"rows")
+    open_file.chmod(0o644)
+
+    def refused(*_args, **_kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refused)
+    with caplog.at_level(logging.WARNING, "checkpointd.files"):
+        assert not tighten(open_file)
+        tighten_sqlite(open_file)
+    assert _mode(open_file) == 0o644
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{open_file} is readable by other users and could not be made private: Operation not permitted"] * 2

@@ -61,9 +61,12 @@ def tighten(path: Path) -> bool:
     if stat.S_ISLNK(st.st_mode) or not mode & _SHARED or st.st_uid != os.geteuid():
         return False
     try:
+        # Not through a symlink swapped in since the lstat (glibc without fchmodat's
+        # AT_SYMLINK_NOFOLLOW says ENOTSUP: then it stays as it is, with the warning).
         os.chmod(path, mode & ~_SHARED, follow_symlinks=False)
-    except OSError as exc:
-        log.warning("%s is readable by other users and could not be made private: %s", path, exc.strerror)
+    except (OSError, NotImplementedError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not supported here"
+        log.warning("%s is readable by other users and could not be made private: %s", path, why)
         return False
     log.warning("%s was open to other users (mode %04o): made private (%04o)", path, mode, mode & ~_SHARED)
     return True
