@@ -150,6 +150,9 @@ class PrometheusMetrics(telemetry.Sink):
         self.watcher_fallbacks = Counter("checkpointd_watcher_fallbacks",
                                          "Times a workspace watcher could not vouch for a workspace and a full "
                                          "scan ran instead.", ["reason"], registry=r)
+        self.watcher_missed_files = Counter("checkpointd_watcher_missed_files",
+                                            "Files a recheck found changed without a file-watcher event (a hard "
+                                            "link outside the workspace, a shared mmap...).", registry=r)
         self.pruned = Counter("checkpointd_retention_pruned_checkpoints", "Checkpoints deleted by retention.",
                               ["rule"], registry=r)
         self.gc_runs = Counter("checkpointd_gc_runs", "Garbage collections completed.", registry=r)
@@ -199,6 +202,9 @@ class PrometheusMetrics(telemetry.Sink):
 
     def watcher_fallback(self, reason: str) -> None:
         self.watcher_fallbacks.labels(reason).inc()
+
+    def watcher_missed(self, count: int) -> None:
+        self.watcher_missed_files.inc(count)
 
     def checkpoints_pruned(self, rule: str, count: int) -> None:
         self.pruned.labels(rule).inc(count)

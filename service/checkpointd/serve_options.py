@@ -127,6 +127,12 @@ def add_operations_options(serve: argparse.ArgumentParser) -> None:
         help="with --metrics-listen, measure what each plan's checkpoints take in the content store "
              "(checkpointd_plan_store_bytes) at start-up and then every SECONDS, in the background; 0 disables. "
              "Env CHECKPOINTD_USAGE_INTERVAL. Default: 300")
+    ops.add_argument(
+        "--recheck-interval", type=seconds, default=_env("RECHECK_INTERVAL", "300"), metavar="SECONDS",
+        help="with the file watcher on, stat every captured file of each watched workspace again every SECONDS, "
+             "in the background, so that a write no file-watcher event reports (through a hard link outside the "
+             "workspace, a shared mmap) is captured by the next checkpoint; 0 disables. "
+             "Env CHECKPOINTD_RECHECK_INTERVAL. Default: 300")
 
 
 def _token(args: argparse.Namespace) -> TokenSource | None:
@@ -157,4 +163,5 @@ def operations_settings(args: argparse.Namespace) -> dict[str, Any]:
         "metrics_listen": args.metrics_listen,
         "gc_interval_seconds": args.gc_interval,
         "usage_interval_seconds": args.usage_interval,
+        "recheck_interval_seconds": args.recheck_interval,
     }

@@ -112,6 +112,8 @@ class ServerSettings:
     store: str = StoreKind.DISK.value
     #: Watch workspaces so that a checkpoint re-examines only what changed (off: full scans).
     watcher: bool = True
+    #: Seconds between rechecks of the watched files' stats, for writes no watcher event reports; 0 for none.
+    recheck_interval_seconds: float = 300.0
     #: Threads that run the calls not served on the event loop.
     max_workers: int = 32
     grace_seconds: float = 30.0
@@ -288,7 +290,8 @@ class CheckpointdServer:
             self.config = ConfigStore(self.db)
             self.checkpoints = Checkpoints(self.db, self.store, self.config,
                                            EngineSettings(settings.data_dir, settings.workspace_roots,
-                                                          watcher=settings.watcher))
+                                                          watcher=settings.watcher,
+                                                          recheck_interval_seconds=settings.recheck_interval_seconds))
             undo.callback(self.checkpoints.close)
             self.maintenance = Maintenance(self.db, self.store, self.checkpoints.trees, self.config,
                                            self.checkpoints.delete)

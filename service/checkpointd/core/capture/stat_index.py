@@ -101,6 +101,11 @@ class RootIndex:
     def paths(self) -> list[str]:
         return list(self.entries)
 
+    def snapshot(self) -> list[tuple[str, Indexed]]:
+        """Every entry as it is now (another thread may be recording a capture meanwhile)."""
+        with self._owner._lock:
+            return list(self.entries.items())
+
 
 class _PendingWrite(NamedTuple):
     """What is still to be written for one root: the newest entry of each path, and removals."""

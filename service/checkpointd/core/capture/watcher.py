@@ -376,6 +376,11 @@ class Watcher:
             if changes.full and not journal.full:
                 journal.full = changes.full
 
+    def journals(self) -> list[Journal]:
+        """The workspaces watched now."""
+        with self._lock:
+            return list(self._journals.values())
+
     def mark_full(self, journal: Journal, reason: str) -> None:
         with self._lock:
             journal.full = reason

@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlmodel import Session
 
 from checkpointd.core.capture.capturer import Capturer
+from checkpointd.core.capture.recheck import Recheck
 from checkpointd.core.capture.snapshot import CaptureResult, Snapshotter
 from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.capture.watcher import Watcher
@@ -49,6 +50,10 @@ class EngineParts:
             log.warning("file watching is unavailable here (needs Linux inotify and inotify_simple); "
                         "every capture scans its whole workspace")
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
+        self.recheck: Recheck | None = None
+        if self.watcher is not None and settings.recheck_interval_seconds > 0:
+            self.recheck = Recheck(self.watcher, self.snapshotter.index, settings.recheck_interval_seconds)
+            self.recheck.start()
         self.restorer = Restorer(store, self.trees)
         self.registry = PlanRegistry(db, settings.allowed_roots)
         self.new_checkpoints = db.group_commit(self.write_checkpoints)
@@ -67,6 +72,8 @@ class EngineParts:
         """Writes what waits in the group commit, then stops the snapshot engine's reader
         processes; a capture still running reads its files itself."""
         self.new_checkpoints.close()
+        if self.recheck is not None:
+            self.recheck.close()
         self.capturer.close()
         self.snapshotter.close()
 

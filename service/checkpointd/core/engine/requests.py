@@ -76,3 +76,5 @@ class EngineSettings:
     allowed_roots: tuple[str, ...]
     #: Watch workspaces (inotify) so that a capture re-examines only what changed.
     watcher: bool = True
+    #: Seconds between rechecks of the watched workspaces' files (capture.recheck); 0 for none.
+    recheck_interval_seconds: float = 0.0

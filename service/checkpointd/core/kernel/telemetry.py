@@ -53,6 +53,9 @@ class Sink:
         ``reason`` must come from a small fixed set (it becomes a metric label).
         """
 
+    def watcher_missed(self, count: int) -> None:
+        """A recheck found ``count`` files changed without a file-watcher event (see capture.recheck)."""
+
     def checkpoints_pruned(self, rule: str, count: int) -> None:
         """Retention deleted ``count`` checkpoints under ``rule`` (see core.retention.Rule)."""
 
@@ -95,6 +98,10 @@ def sink() -> Sink:
 
 def watcher_fallback(reason: str) -> None:
     _sink.watcher_fallback(reason)
+
+
+def watcher_missed(count: int) -> None:
+    _sink.watcher_missed(count)
 
 
 def checkpoints_pruned(rule: str, count: int) -> None:
