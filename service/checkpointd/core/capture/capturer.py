@@ -33,6 +33,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from checkpointd.core.capture.ignore import GITIGNORE, IgnoreRules
@@ -143,6 +144,23 @@ class Capturer:
 
     def close(self) -> None:
         self.mounts.close()
+
+    def mark_unreported(self, journal: Journal, moved: Mapping[str, Indexed]) -> list[str]:
+        """Marks dirty the files a recheck found moved against the index entry it compared them
+        with (``moved``), unless an event reported them or a capture recorded them since; returns
+        those marked. Nothing while a capture of the workspace is on (it may have taken the
+        events and not yet recorded the files): the next recheck looks again."""
+        with self._roots_lock:
+            state = self._roots.get(journal.root)
+        if self.watcher is None or state is None or not state.lock.acquire(blocking=False):
+            return []
+        try:
+            if not self.watcher.sync():
+                return []
+            index = self.snapshotter.index.for_root(journal.root)
+            return self.watcher.add_unreported(journal, [p for p, known in moved.items() if index.get(p) == known])
+        finally:
+            state.lock.release()
 
     def _captured(self, mode: CaptureMode, started: float) -> None:
         self.counts[mode] += 1

@@ -38,7 +38,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +107,18 @@ class Changes:
 
     dirty: dict[str, int]
     full: str = ""
+
+
+def _covered(dirty: dict[str, int], path: str) -> bool:
+    """Whether a capture taking ``dirty`` looks at ``path`` again: it is there, or a directory
+    above it is there whole."""
+    if path in dirty:
+        return True
+    while path:
+        path = path.rpartition("/")[0]
+        if dirty.get(path, 0) & SUBTREE:
+            return True
+    return False
 
 
 class Watcher:
@@ -375,6 +387,17 @@ class Watcher:
                 journal.dirty[path] = journal.dirty.get(path, 0) | kind
             if changes.full and not journal.full:
                 journal.full = changes.full
+
+    def add_unreported(self, journal: Journal, paths: Iterable[str]) -> list[str]:
+        """Marks ``paths`` dirty as an event would have (call after ``sync``), except those the
+        journal already holds, itself or under a directory it holds whole; returns those marked."""
+        with self._lock:
+            if self._journals.get(journal.root) is not journal or journal.full:
+                return []
+            added = [path for path in paths if not _covered(journal.dirty, path)]
+            for path in added:
+                journal.dirty[path] = journal.dirty.get(path, 0) | ENTRY
+            return added
 
     def journals(self) -> list[Journal]:
         """The workspaces watched now."""

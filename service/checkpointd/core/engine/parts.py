@@ -52,7 +52,7 @@ class EngineParts:
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
         self.recheck: Recheck | None = None
         if self.watcher is not None and settings.recheck_interval_seconds > 0:
-            self.recheck = Recheck(self.watcher, self.snapshotter.index, settings.recheck_interval_seconds)
+            self.recheck = Recheck(self.capturer, settings.recheck_interval_seconds)
             self.recheck.start()
         self.restorer = Restorer(store, self.trees)
         self.registry = PlanRegistry(db, settings.allowed_roots)
