@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -82,19 +83,61 @@ def retry_service_config(max_attempts: int = RETRY_MAX_ATTEMPTS) -> str:
     )
 
 
+#: Schemes gRPC resolves by itself (its name-resolution syntax), besides plain HOST:PORT.
+_RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+_DROP_THE_SCHEME = "drop the scheme: use HOST:PORT or unix:///path"
+
+
 def validate_target(target: str) -> str:
-    """Accept "host:port" or "unix:///absolute/path"; refuse anything else before dialing."""
+    """Accept "host:port" or "unix:///absolute/path" (and gRPC's own unix:/abs, unix-abstract:NAME,
+    dns:[//AUTHORITY/]HOST:PORT, ipv4:ADDR:PORT[,...] and ipv6:[ADDR]:PORT[,...]); refuse anything
+    else before dialing, saying what to write instead: gRPC would take a URL such as
+    http://host:port for a host name and fail each call with a resolver error."""
+    if target.startswith("/"):
+        raise ValueError(f"target {target!r} is a path: a unix socket is dialed as unix://{target}")
     if target.startswith("unix:"):
-        path = target.removeprefix("unix://") if target.startswith("unix://") else ""
+        path = target.removeprefix("unix://") if target.startswith("unix://") else target.removeprefix("unix:")
         if not path.startswith("/"):
             raise ValueError(f"unix target must be unix:///absolute/path, got {target!r}")
         return target
-    host, separator, port = target.rpartition(":")
+    if target.startswith("unix-abstract:"):
+        if target == "unix-abstract:":
+            raise ValueError(f"unix-abstract target must name the socket (unix-abstract:NAME), got {target!r}")
+        return target
+    addresses = [target]
+    if target.startswith(_RESOLVER_SCHEMES):
+        scheme, _, rest = target.partition(":")
+        if scheme == "dns" and rest.startswith("//"):
+            rest = rest[2:].partition("/")[2]  # the DNS server (authority) before the name
+        addresses = rest.split(",") if scheme != "dns" else [rest]
+    for address in addresses:
+        _validate_host_port(target, address)
+    return target
+
+
+def _validate_host_port(target: str, address: str) -> None:
+    if "/" in address:
+        scheme, url, rest = target.partition("://")
+        host_port = rest.partition("/")[0] if url and scheme.isalpha() else ""
+        here = f" (here: {host_port})" if ":" in host_port else ""
+        raise ValueError(f"target {target!r} is not a gRPC target: {_DROP_THE_SCHEME}{here}")
+    host, separator, port = address.rpartition(":")
     if not separator or not host or not port.isdigit():
         raise ValueError(f"target must be host:port or unix:///absolute/path, got {target!r}")
     if not 0 < int(port) < 65536:
         raise ValueError(f"target {target!r}: a port is a number from 1 to 65535")
-    return target
+
+
+#: The target each channel open_channel made was opened to: named in the hint of a call nothing answered.
+_CHANNEL_TARGETS: weakref.WeakKeyDictionary[grpc.Channel, str] = weakref.WeakKeyDictionary()
+
+
+def channel_target(channel: grpc.Channel) -> str | None:
+    """The target of a channel made by open_channel; None for a channel made otherwise."""
+    try:
+        return _CHANNEL_TARGETS.get(channel)
+    except TypeError:  # a channel object that cannot be weakly referenced
+        return None
 
 
 def open_channel(
@@ -127,10 +170,13 @@ def open_channel(
         ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
     ]
     if credentials is None:
-        return grpc.insecure_channel(target, options=options)
-    if server_name is not None:
-        options.append(("grpc.ssl_target_name_override", server_name))
-    return grpc.secure_channel(target, credentials, options=options)
+        channel = grpc.insecure_channel(target, options=options)
+    else:
+        if server_name is not None:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        channel = grpc.secure_channel(target, credentials, options=options)
+    _CHANNEL_TARGETS[channel] = target
+    return channel
 
 
 def _write_batches(
@@ -175,10 +221,11 @@ FileChanges = Listed
 class _RpcCaller:
     """Applies the deadline and bearer token to each call and translates gRPC errors."""
 
-    def __init__(self, deadline_s: float, token: str | None) -> None:
+    def __init__(self, deadline_s: float, token: str | None, target: str | None = None) -> None:
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive, got {deadline_s}")
         self.deadline_s = deadline_s
+        self.target = target
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
 
     def unary(
@@ -187,7 +234,7 @@ class _RpcCaller:
         try:
             return method(request, timeout=timeout or self.deadline_s, metadata=self.metadata)
         except grpc.RpcError as error:
-            raise CheckpointdRpcError.from_grpc(name, error) from None
+            raise CheckpointdRpcError.from_grpc(name, error, target=self.target) from None
 
     def stream(
         self, name: str, method: Callable[..., Iterable[_Response]], request: object, timeout: float | None
@@ -197,7 +244,7 @@ class _RpcCaller:
             yield from method(request, timeout=timeout or max(self.deadline_s, DEFAULT_STREAM_DEADLINE_S),
                               metadata=self.metadata)
         except grpc.RpcError as error:
-            raise CheckpointdRpcError.from_grpc(name, error) from None
+            raise CheckpointdRpcError.from_grpc(name, error, target=self.target) from None
 
 
 class CheckpointClient:
@@ -207,7 +254,7 @@ class CheckpointClient:
         self, channel: grpc.Channel, *, deadline_s: float = DEFAULT_DEADLINE_S, token: str | None = None
     ) -> None:
         self._stub = checkpoint_service_pb2_grpc.CheckpointServiceStub(channel)
-        self._rpc = _RpcCaller(deadline_s, token)
+        self._rpc = _RpcCaller(deadline_s, token, channel_target(channel))
 
     def create_checkpoint(
         self,
@@ -494,15 +541,16 @@ def from_value(message: struct_pb2.Value) -> JsonValue:
 class ConfigWatch:
     """An open WatchConfig stream: iterate for entries, `cancel()` to end it from another thread."""
 
-    def __init__(self, call: grpc.Call) -> None:
+    def __init__(self, call: grpc.Call, *, target: str | None = None) -> None:
         self._call = call
+        self._target = target
 
     def __iter__(self) -> Iterator[ConfigEntry]:
         try:
             for response in self._call:
                 yield response.entry
         except grpc.RpcError as error:
-            raise CheckpointdRpcError.from_grpc("WatchConfig", error) from None
+            raise CheckpointdRpcError.from_grpc("WatchConfig", error, target=self._target) from None
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -515,7 +563,7 @@ class ConfigClient:
         self, channel: grpc.Channel, *, deadline_s: float = DEFAULT_DEADLINE_S, token: str | None = None
     ) -> None:
         self._stub = config_service_pb2_grpc.ConfigServiceStub(channel)
-        self._rpc = _RpcCaller(deadline_s, token)
+        self._rpc = _RpcCaller(deadline_s, token, channel_target(channel))
 
     def get_config(self, key: str, *, plan_id: str = "", timeout: float | None = None) -> ConfigEntry:
         """The effective entry of one key (plan override, else global, else default)."""
@@ -549,5 +597,5 @@ class ConfigClient:
         """Open a WatchConfig stream; it ends (DEADLINE_EXCEEDED) after `timeout` seconds."""
         request = config_service_pb2.WatchConfigRequest(keys=list(keys), plan_id=plan_id)
         call = self._stub.WatchConfig(request, timeout=timeout, metadata=self._rpc.metadata)
-        return ConfigWatch(call)
+        return ConfigWatch(call, target=self._rpc.target)
 

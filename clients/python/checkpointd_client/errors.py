@@ -9,6 +9,8 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from checkpointd_client.targets import unreachable_hint
+
 ERROR_DOMAIN = "checkpointd"
 
 
@@ -21,6 +23,9 @@ class CheckpointdRpcError(CheckpointdClientError):
 
     `reason` is the ErrorReason name without its prefix (e.g. "INVALID_PLAN_ID"), or "" when the
     failure never reached checkpointd (connection refused, deadline exceeded on the client side).
+    `hint` says what to do where gRPC's own words do not: for UNAVAILABLE without checkpointd's
+    ErrorInfo (nothing answered), which target was dialed, how it was chosen, and how to start
+    checkpointd (``targets.unreachable_hint``); "" otherwise.
     """
 
     def __init__(
@@ -32,6 +37,7 @@ class CheckpointdRpcError(CheckpointdClientError):
         reason: str = "",
         domain: str = "",
         metadata: Mapping[str, str] | None = None,
+        hint: str = "",
     ) -> None:
         self.method = method
         self.code = code
@@ -39,12 +45,17 @@ class CheckpointdRpcError(CheckpointdClientError):
         self.reason = reason
         self.domain = domain
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.hint = hint
         detail = f" [{reason}]" if reason else ""
-        super().__init__(f"{method}: {code.name}{detail}: {message}")
+        if hint:
+            super().__init__(f"{method}: {hint} ({code.name}{detail}: {message})")
+        else:
+            super().__init__(f"{method}: {code.name}{detail}: {message}")
 
     @classmethod
-    def from_grpc(cls, method: str, error: grpc.RpcError) -> CheckpointdRpcError:
-        """Translate a grpc.RpcError, reading the ErrorInfo from the rich status details."""
+    def from_grpc(cls, method: str, error: grpc.RpcError, *, target: str | None = None) -> CheckpointdRpcError:
+        """Translate a grpc.RpcError, reading the ErrorInfo from the rich status details.
+        ``target``, where known, is named in the hint of a call nothing answered."""
         code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
         message = error.details() if isinstance(error, grpc.Call) else str(error)
         status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
@@ -60,7 +71,8 @@ class CheckpointdRpcError(CheckpointdClientError):
                         domain=info.domain,
                         metadata=dict(info.metadata),
                     )
-        return cls(method, code, message or "")
+        hint = unreachable_hint(target) if code is grpc.StatusCode.UNAVAILABLE else ""
+        return cls(method, code, message or "", hint=hint)
 
 
 class CheckpointUnavailableError(CheckpointdClientError):
@@ -77,6 +89,7 @@ class CheckpointUnavailableError(CheckpointdClientError):
         super().__init__(
             f"refusing to continue: the {trigger.value} checkpoint of plan {plan_id} could not be recorded "
             f"({cause.code.name}: {cause.message}) and core.checkpoints.on_unavailable is 'refuse'"
+            + (f"; {cause.hint}" if cause.hint else "")
         )
 
 

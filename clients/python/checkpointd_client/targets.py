@@ -24,5 +24,40 @@ def default_target() -> str:
     configured = os.environ.get("CHECKPOINTD_TARGET")
     if configured:
         return configured
-    socket_path = default_data_dir().expanduser().resolve() / SOCKET_NAME
+    socket_path = default_socket()
     return f"unix://{socket_path}" if socket_path.exists() else DEFAULT_TCP
+
+
+def default_socket() -> Path:
+    """The unix socket `checkpointd serve` makes in the default data dir (whether it exists or not)."""
+    return default_data_dir().expanduser().resolve() / SOCKET_NAME
+
+
+def target_origin(target: str) -> str:
+    """How ``target`` comes to be the one dialed when nobody names another: from CHECKPOINTD_TARGET,
+    the default socket, or the TCP default; "" for any other target (one the caller chose)."""
+    if target == os.environ.get("CHECKPOINTD_TARGET"):
+        return "from CHECKPOINTD_TARGET"
+    socket_path = default_socket()
+    if target == f"unix://{socket_path}":
+        return f"the default: the socket `checkpointd serve` makes in its data directory {socket_path.parent}"
+    if target == DEFAULT_TCP and not os.environ.get("CHECKPOINTD_TARGET"):
+        return f"the default: CHECKPOINTD_TARGET is unset and there is no socket at {socket_path}"
+    return ""
+
+
+#: How to start a local checkpointd (the CLI's hint says the same).
+START_HINT = "start one with `make run` (in a checkout) or `checkpointd serve`"
+#: How a library user points the client at another server.
+POINT_WITH_ENV = "point at yours with a target argument or CHECKPOINTD_TARGET (HOST:PORT or unix:///PATH)"
+
+
+def unreachable_hint(target: str | None, *, point_with: str = POINT_WITH_ENV) -> str:
+    """What to do when no checkpointd answered at ``target``: which target it was and how it was
+    chosen, whether checkpointd is running, how to start one or point at another (``point_with``:
+    the CLI says --target, the MCP proxy its own option)."""
+    where = ""
+    if target:
+        origin = target_origin(target)
+        where = f" at {target}" + (f" ({origin})" if origin else "")
+    return f"checkpointd is not reachable{where}: is it running? {START_HINT}, or {point_with}"

@@ -31,6 +31,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd_client.client import DEFAULT_DEADLINE_S, CheckpointClient, open_channel
+from checkpointd_client.errors import CheckpointdRpcError
 from checkpointd_client.langgraph import records
 from checkpointd_client.langgraph.records import (
     CHECKPOINT_KIND,
@@ -55,6 +56,19 @@ LIST_PAGE_SIZE = 100
 #: Keys LangGraph puts in the config of a running graph (langgraph._internal._constants).
 RUNTIME_KEY = "__pregel_runtime"
 DURABILITY_KEY = "__pregel_durability"
+
+
+def _thread_root_mismatch(thread_id: str, plan_id: str, error: CheckpointdRpcError) -> CheckpointdRpcError:
+    """The server's WORKSPACE_ROOT_MISMATCH, said of the LangGraph thread (whose plan id the caller
+    never chose): same code, reason and metadata, so code matching on them is unaffected."""
+    recorded = error.metadata.get("plan_workspace_root", "")
+    asked = error.metadata.get("workspace_root", "")
+    return CheckpointdRpcError(
+        error.method, error.code,
+        f"LangGraph thread {thread_id!r} (checkpointd plan {plan_id}) already has workspace_root {recorded!r}, "
+        f"not {asked!r}: use that directory for this thread, leave workspace_root out (of the saver and the "
+        f"thread's config) to keep it, or use a new thread_id for {asked!r}",
+        reason=error.reason, domain=error.domain, metadata=error.metadata)
 
 
 class _AsyncMethods:
@@ -169,14 +183,20 @@ class CheckpointdSaver(_AsyncMethods, BaseCheckpointSaver[str]):
             thread_id, ns, checkpoint_id, configurable.get("checkpoint_id"),
             self.serde.dumps_typed(checkpoint), self.serde.dumps_typed(stored_metadata))
         plan_id = thread_plan_id(thread_id)
-        created = self.client.create_checkpoint(
-            plan_id,
-            source_tool=records.SOURCE_TOOL,
-            labels=records.checkpoint_labels(checkpoint_id, ns, stored_metadata),
-            description=f"LangGraph checkpoint {checkpoint_id} (namespace {ns!r}, step {stored_metadata.get('step')})",
-            state=envelope.dumps(),
-            workspace_root=workspace_root,
-        )
+        description = f"LangGraph checkpoint {checkpoint_id} (namespace {ns!r}, step {stored_metadata.get('step')})"
+        try:
+            created = self.client.create_checkpoint(
+                plan_id,
+                source_tool=records.SOURCE_TOOL,
+                labels=records.checkpoint_labels(checkpoint_id, ns, stored_metadata),
+                description=description,
+                state=envelope.dumps(),
+                workspace_root=workspace_root,
+            )
+        except CheckpointdRpcError as error:
+            if error.reason != "WORKSPACE_ROOT_MISMATCH":
+                raise
+            raise _thread_root_mismatch(thread_id, plan_id, error) from error
         self._remember(plan_id, ns, checkpoint_id, created.checkpoint_id)
         return _config(thread_id, ns, checkpoint_id)
 

@@ -29,6 +29,9 @@ class ToolCallCheckpoints:
         self._interceptor = interceptor
         self.plan_id = plan_id
         self.workspace_root = workspace_root
+        #: Why the latest write tool without a before checkpoint had none (refused, or ran without
+        #: it); None while every write tool had one. checkpoint_list says it when it finds nothing.
+        self.unrecorded: str | None = None
 
     def _call(self, tool_name: str) -> ToolCall:
         return ToolCall(tool_name=tool_name, plan_id=self.plan_id, workspace_root=self.workspace_root)
@@ -40,13 +43,17 @@ class ToolCallCheckpoints:
         a checkpoint being recorded is never left half-known; the tool then does not run.
         """
         try:
-            return await anyio.to_thread.run_sync(self._interceptor.begin, self._call(tool_name))
+            taken = await anyio.to_thread.run_sync(self._interceptor.begin, self._call(tool_name))
         except CheckpointdClientError as error:
             # CheckpointUnavailableError (on_unavailable is "refuse"), a request checkpointd refused
             # (a workspace outside its roots, a bad token), or settings this client cannot use.
+            self.unrecorded = f"the write tool {tool_name!r} was not run, its checkpoint not recorded: {error}"
             raise WriteToolRefused(
                 f"checkpointd mcp-proxy did not run the write tool {tool_name!r}: {error}"
             ) from error
+        if taken.before is None and taken.warnings:
+            self.unrecorded = f"the write tool {tool_name!r} ran without its checkpoint: {taken.warnings[0]}"
+        return taken
 
     async def after(self, tool_name: str, taken: ToolCheckpoints) -> None:
         """The after_tool_execute step, for a tool that succeeded; a failure only adds a warning,

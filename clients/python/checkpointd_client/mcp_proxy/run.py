@@ -75,11 +75,13 @@ async def serve(options: ProxyOptions) -> None:
 
 async def _proxy(options: ProxyOptions, plan_id: str, checkpointd: Checkpointd) -> None:
     connection = options.checkpointd
+    checkpoints = ToolCallCheckpoints(checkpointd.tool_interceptor(), plan_id, options.workspace_root)
     proxy = McpProxy(
         kinds=ToolKinds(read_only=options.read_only_tools, write=options.write_tools),
-        checkpoints=ToolCallCheckpoints(checkpointd.tool_interceptor(), plan_id, options.workspace_root),
+        checkpoints=checkpoints,
         undo=(
-            UndoTools(checkpointd.checkpoints, plan_id, deadline_s=connection.call_deadline_s)
+            UndoTools(checkpointd.checkpoints, plan_id, deadline_s=connection.call_deadline_s,
+                      target=connection.target, unrecorded=lambda: checkpoints.unrecorded)
             if options.extra_tools
             else None
         ),

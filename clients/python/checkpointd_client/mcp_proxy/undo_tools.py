@@ -20,12 +20,15 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd_client.client import Checkpoint, CheckpointClient, FileChange
 from checkpointd_client.errors import CheckpointdRpcError
 from checkpointd_client.patches import format_patch
+from checkpointd_client.targets import unreachable_hint
 from checkpointd_client.vocabulary import trigger_name
 
 LIST_TOOL = "checkpoint_list"
 DIFF_TOOL = "checkpoint_diff"
 ROLLBACK_TOOL = "checkpoint_rollback"
 NAMES = (LIST_TOOL, DIFF_TOOL, ROLLBACK_TOOL)
+#: How the proxy is pointed at another checkpointd (the hint of a call nothing answered).
+PROXY_POINT_WITH = "restart the proxy with --target HOST:PORT or --target unix:///PATH (env CHECKPOINTD_TARGET)"
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 1000
 # A diff or dry run listing more paths than this says how many more there are instead.
@@ -221,10 +224,21 @@ def _plural(count: int, noun: str) -> str:
 class UndoTools:
     """Serves checkpoint_list, checkpoint_diff and checkpoint_rollback for one plan."""
 
-    def __init__(self, checkpoints: CheckpointClient, plan_id: str, *, deadline_s: float) -> None:
+    def __init__(
+        self,
+        checkpoints: CheckpointClient,
+        plan_id: str,
+        *,
+        deadline_s: float,
+        target: str = "",
+        unrecorded: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._checkpoints = checkpoints
         self.plan_id = plan_id
         self._deadline_s = deadline_s
+        # Named when checkpointd does not answer; `unrecorded` says why a write tool had no checkpoint.
+        self._target = target
+        self._unrecorded = unrecorded
 
     @staticmethod
     def owns(name: str) -> bool:
@@ -261,6 +275,10 @@ class UndoTools:
         except InvalidArguments as error:
             return text_result(f"{name}: {error}", is_error=True)
         except CheckpointdRpcError as error:
+            if error.hint:  # nothing answered: say where checkpointd was looked for and how to start it
+                hint = unreachable_hint(self._target or None, point_with=PROXY_POINT_WITH)
+                return text_result(f"{name}: {hint} ({error.method}: {error.code.name}: {error.message})",
+                                   is_error=True)
             return text_result(f"{name}: checkpointd answered {error}", is_error=True)
 
     def _list_text(self, limit: int) -> str:
@@ -271,6 +289,9 @@ class UndoTools:
                 raise
             checkpoints = []
         if not checkpoints:
+            unrecorded = self._unrecorded()
+            if unrecorded:
+                return f"Plan {self.plan_id} has no checkpoints yet: {unrecorded}"
             return f"Plan {self.plan_id} has no checkpoints yet: no tool has written to the workspace."
         shown = checkpoints[:limit]
         lines = [f"Plan {self.plan_id}: {_plural(len(checkpoints), 'checkpoint')}, newest first"]

@@ -156,7 +156,9 @@ class PlanRegistry:
     @staticmethod
     def _root_mismatch(plan_id: str, root: str | None, recorded: str | None) -> FailedPrecondition:
         return FailedPrecondition(Reason.WORKSPACE_ROOT_MISMATCH,
-                                  f"plan {plan_id} already has workspace_root {recorded!r}",
+                                  f"plan {plan_id} already has workspace_root {recorded!r}: use that directory, "
+                                  f"leave workspace_root out to use the plan's, or start a new plan with a new "
+                                  f"plan id (e.g. from `checkpointd new-plan-id`) for {root!r}",
                                   workspace_root=root, plan_workspace_root=recorded)
 
     def _plan_row(self, session: Session, plan_id: str, root: str | None) -> tuple[PlanRow, Mention]:
