@@ -6,15 +6,18 @@ Every serve option can also come from a ``CHECKPOINTD_*`` environment variable; 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 # Only the standard library at module level: everything else is imported inside main(), where
-# Ctrl-C while it loads (seconds: the client, SQLAlchemy, alembic) is a plain interruption (_load).
+# Ctrl-C while it loads (the client; for serve, seconds of SQLAlchemy and alembic) is a plain
+# interruption. Building the parser loads no server code: each command imports what it runs.
 
 
 def _env_list(name: str, separator: str) -> list[str]:
@@ -27,14 +30,33 @@ def _on_off(text: str) -> bool:
     return text == "on"
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse, with usage errors that say what to do next: a mistyped choice (a command, a
+    verb, an option's value) names the close ones, and every error points at --help."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is None or value in action.choices:
+            return
+        choices = [str(choice) for choice in action.choices]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({meant}choose from "
+                                             f"{', '.join(map(repr, choices))})")
+
+    def error(self, message: str) -> NoReturn:
+        if message == "the following arguments are required: COMMAND":
+            message = "a COMMAND is needed"
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n`{self.prog} --help` says more\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from checkpointd.commands import register_commands
-    from checkpointd.core.store.db_store import StoreKind
+    from checkpointd.commands import STORE_CHOICES, register_commands
     from checkpointd.defaults import DEFAULT_TCP, default_data_dir
     from checkpointd.logging_setup import log_level
     from checkpointd.serve_options import add_operations_options, seconds
 
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="checkpointd",
         description="Checkpoint service for AI-agent runtimes: records a plan's workspace files and state, "
                     "lists, diffs and rolls back, over gRPC (package checkpoint.v1).",
@@ -68,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
              f"Env CHECKPOINTD_WORKSPACE_ROOT ('{os.pathsep}'-separated). Default: the current directory",
     )
     serve.add_argument(
-        "--store", choices=[kind.value for kind in StoreKind], default=os.environ.get("CHECKPOINTD_STORE", "disk"),
+        "--store", choices=STORE_CHOICES, default=os.environ.get("CHECKPOINTD_STORE", "disk"),
         help="where checkpoint content lives: 'disk' (DATA_DIR/store) or 'db' (in the database, so replicas "
              "sharing one PostgreSQL need no shared file system). Env CHECKPOINTD_STORE. Default: disk",
     )
@@ -121,7 +143,7 @@ def serve(args: argparse.Namespace, pending: list[int]) -> int:
     and goes on, and the server then started and served as if Ctrl-C had never been pressed (2
     runs in 400). Building can wait (a database that takes no connection, another replica's
     migration lock): a second signal then interrupts it."""
-    from checkpointd.commands.failures import INTERRUPTED_EXIT
+    from checkpointd.commands.interruption import INTERRUPTED_EXIT
     from checkpointd.core.kernel import heap
     from checkpointd.logging_setup import LogFormat
     from checkpointd.logging_setup import configure as configure_logging
@@ -222,14 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     previous = _note_drain_signals(pressed)
     serving = False
     try:
-        from checkpointd.commands.failures import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
-        from checkpointd.serve_options import STARTUP_ERRORS
+        from checkpointd.commands.interruption import INTERRUPTED_EXIT, NOTHING_CHANGED, Interrupted
 
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command == "serve":
             serving = True
             import checkpointd.server  # noqa: F401  (seconds of imports, before anything starts)
+            from checkpointd.serve_options import startup_errors
+
+            cannot_start = startup_errors()
     finally:
         if not serving:
             for signum, handler in previous.items():
@@ -241,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             try:
                 return serve(args, pressed)
-            except STARTUP_ERRORS as exc:
+            except cannot_start as exc:
                 parser.exit(2, f"checkpointd serve: error: {exc}\n")
             except KeyboardInterrupt:
                 # A second signal while the server was being built (see serve): no call was served.

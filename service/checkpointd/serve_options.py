@@ -7,14 +7,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from checkpointd.api.auth import OpenService, TokenError, TokenSource
-from checkpointd.core.maintenance.datadir_lock import DataDirBusy
-from checkpointd.core.metadata.db import DatabaseUrlError, SchemaError
 from checkpointd.defaults import MAX_SECONDS
-from checkpointd.listeners import ListenerError, TlsFiles
 from checkpointd.logging_setup import LogFormat
+
+# The server's modules are imported where they are used, never here: every command's parser
+# declares serve's options, and `checkpointd --help` must not load the server to print them.
+if TYPE_CHECKING:
+    from checkpointd.api.auth import OpenService, TokenSource
+    from checkpointd.listeners import TlsFiles
 
 
 class OptionError(ValueError):
@@ -22,8 +24,14 @@ class OptionError(ValueError):
     file, a database that cannot be opened)."""
 
 
-#: Errors that mean "the server cannot start as configured": reported as one line, exit 2.
-STARTUP_ERRORS = (OptionError, ListenerError, TokenError, DataDirBusy, SchemaError, DatabaseUrlError)
+def startup_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean "the server cannot start as configured": reported as one line, exit 2."""
+    from checkpointd.api.tokens import TokenError
+    from checkpointd.core.maintenance.datadir_lock import DataDirBusy
+    from checkpointd.core.metadata.db import DatabaseUrlError, SchemaError
+    from checkpointd.listeners import ListenerError
+
+    return OptionError, ListenerError, TokenError, DataDirBusy, SchemaError, DatabaseUrlError
 
 
 def first_line(error: BaseException) -> str:
@@ -53,6 +61,8 @@ def _octal_mode(text: str) -> int:
 
 
 def _open_services(text: str) -> frozenset[OpenService]:
+    from checkpointd.api.auth import OpenService
+
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == ["none"]:
         return frozenset()
@@ -136,6 +146,8 @@ def add_operations_options(serve: argparse.ArgumentParser) -> None:
 
 
 def _token(args: argparse.Namespace) -> TokenSource | None:
+    from checkpointd.api.auth import TokenSource
+
     if args.token_file is not None:
         return TokenSource.from_file(Path(args.token_file).expanduser())
     token = os.environ.get("CHECKPOINTD_TOKEN")
@@ -143,6 +155,8 @@ def _token(args: argparse.Namespace) -> TokenSource | None:
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    from checkpointd.listeners import TlsFiles
+
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_client_ca is not None:
             raise OptionError("--tls-client-ca needs --tls-cert and --tls-key")

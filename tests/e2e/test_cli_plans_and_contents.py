@@ -48,7 +48,7 @@ def test_plans_lists_and_plan_show_describes(tcp, workspace):
     assert [p["plan_id"] for p in json.loads(listed.stdout)] == [second, first]
     table = run_cli("plans", "--filter", f'workspace_root = "{workspace}"', *tcp)
     assert table.returncode == 0 and first in table.stdout and second not in table.stdout
-    assert "1 plan(s)" in table.stdout
+    assert "1 plan," in table.stdout
     shown = run_cli("plan", "show", first, *tcp)
     assert shown.returncode == 0, shown.stderr
     assert str(workspace) in shown.stdout and newest["checkpoint_id"] in shown.stdout

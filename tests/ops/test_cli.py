@@ -49,7 +49,7 @@ def test_create_ls_show_and_diff(target, workspace, plan_id):
     table = run_cli("ls", plan_id, *target)
     assert table.returncode == 0
     assert first["checkpoint_id"] in table.stdout and second["checkpoint_id"] in table.stdout
-    assert "pinned=true" in table.stdout and "2 checkpoint(s)" in table.stdout
+    assert "pinned=true" in table.stdout and "2 checkpoints" in table.stdout
     assert table.stdout.index(second["checkpoint_id"]) < table.stdout.index(first["checkpoint_id"])
     filtered = json.loads(run_cli("ls", plan_id, "--filter", 'labels.pinned = "true"', "--json", *target).stdout)
     assert [c["checkpoint_id"] for c in filtered] == [second["checkpoint_id"]]

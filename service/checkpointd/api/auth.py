@@ -25,6 +25,7 @@ from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status
 from checkpointd.api.interceptors import HandlerInterceptor, abort, abort_async, is_async, shape_of
+from checkpointd.api.tokens import TokenError, token_text
 from checkpointd.core.kernel.errors import Reason
 
 log = logging.getLogger("checkpointd.auth")
@@ -47,21 +48,6 @@ class OpenService(enum.StrEnum):
                 return frozenset({health.SERVICE_NAME})
             case OpenService.REFLECTION:
                 return frozenset({reflection.SERVICE_NAME, "grpc.reflection.v1.ServerReflection"})
-
-
-class TokenError(ValueError):
-    """The configured token is unusable."""
-
-
-def token_text(raw: bytes | str, origin: str) -> str:
-    """The token as the server and the CLI both take it from a file or CHECKPOINTD_TOKEN: UTF-8
-    text with surrounding whitespace (a file's trailing newline) stripped. The one place that says so."""
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise TokenError(f"the bearer token from {origin} is not UTF-8 text") from None
-    return raw.strip()
 
 
 def _validated(token: bytes | str, origin: str) -> bytes:

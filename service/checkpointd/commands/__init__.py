@@ -19,6 +19,9 @@ from checkpointd.defaults import MAX_SECONDS, default_data_dir
 LONG_TIMEOUT_S = 600.0
 SHORT_TIMEOUT_S = 30.0
 SCOPES = ("files", "state", "files_and_state")
+#: The content stores serve, gc, stats and fsck take (core.store.db_store.StoreKind's values, named
+#: here so that building the parser does not load the store and SQLAlchemy).
+STORE_CHOICES = ("disk", "db")
 #: What a rollback restores unless told otherwise: what the contract's ROLLBACK_SCOPE_UNSPECIFIED
 #: means, and the default of the Python and Node clients too.
 DEFAULT_SCOPE = "files_and_state"
@@ -69,10 +72,35 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
+def _offline_options(group) -> None:
+    """--data-dir, --db-url and --store of the commands that work on a data directory without a
+    server (gc, stats, fsck): declared once so that their help says the same, read by offline_location."""
+    group.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                       help="the data directory. Env CHECKPOINTD_DATA_DIR. Default: the server's default "
+                            "($XDG_DATA_HOME/checkpointd, else ~/.local/share/checkpointd)")
+    group.add_argument("--db-url", default=None, metavar="URL",
+                       help="the database, as for serve. Env CHECKPOINTD_DB_URL. Default: the SQLite file "
+                            "DATA_DIR/checkpointd.db")
+    group.add_argument("--store", choices=STORE_CHOICES, default=None,
+                       help="the content store, as for serve. Env CHECKPOINTD_STORE. Default: disk")
+
+
+def offline_location(args: argparse.Namespace) -> tuple[Path, str, str]:
+    """The data directory (resolved), database URL and store an offline command works on: its
+    options, else their CHECKPOINTD_* variables, else serve's defaults."""
+    data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
+    db_url = args.db_url if args.db_url is not None else os.environ.get("CHECKPOINTD_DB_URL", "")
+    store = args.store or os.environ.get("CHECKPOINTD_STORE", "disk")
+    return data_dir, db_url, store
+
+
 def _client_command(commands, name: str, help_text: str, module: str, function: str,
-                    timeout: float = SHORT_TIMEOUT_S) -> argparse.ArgumentParser:
+                    timeout: float = SHORT_TIMEOUT_S, json_output: bool = True) -> argparse.ArgumentParser:
+    """A command that calls a running server; ``json_output`` is False for one whose output is
+    not a table (cat prints the file itself), so that --json is refused rather than ignored."""
     parser = commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-    _json_option(parser)
+    if json_output:
+        _json_option(parser)
     _connection_options(parser, timeout)
     parser.set_defaults(run=_lazy(module, function))
     return parser
@@ -169,8 +197,9 @@ def register_commands(commands) -> None:
                              LONG_TIMEOUT_S)
     create.add_argument("plan_id", metavar="PLAN_ID")
     create.add_argument("--workspace-root", type=local_directory, default=None, metavar="DIR",
-                        help="the plan's workspace (needed on its first checkpoint); a relative path is resolved "
-                             "against the current directory")
+                        help="the plan's workspace, recorded by the first checkpoint that gives it and the "
+                             "plan's from then on; a relative path is resolved against the current directory. "
+                             "Without one (none given yet) a checkpoint records the plan state only: no files")
     create.add_argument("--label", action="append", type=_label, default=[], metavar="KEY=VALUE")
     create.add_argument("--pin", action="store_true", help="label it pinned=true: retention never prunes it")
     create.add_argument("--description", default="")
@@ -191,7 +220,7 @@ def register_commands(commands) -> None:
     plan_show.add_argument("plan_id", metavar="PLAN_ID")
 
     cat = _client_command(commands, "cat", "print a file as it was in a checkpoint", "contents", "cat",
-                          LONG_TIMEOUT_S)
+                          LONG_TIMEOUT_S, json_output=False)
     cat.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
     cat.add_argument("path", metavar="PATH", help="workspace-relative path of the file (a symlink prints its target)")
 
@@ -254,9 +283,7 @@ def register_commands(commands) -> None:
         description="Apply the retention config (core.retention.*) and delete content no checkpoint references, "
                     "working directly on a data directory. Refuses while a server uses it: a running server "
                     "does the same every --gc-interval seconds.")
-    gc.add_argument("--data-dir", type=Path, default=default_data_dir())
-    gc.add_argument("--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""))
-    gc.add_argument("--store", choices=("disk", "db"), default=os.environ.get("CHECKPOINTD_STORE", "disk"))
+    _offline_options(gc)
     gc.add_argument("--dry-run", action="store_true", help="report what would be pruned and reclaimed")
     gc.add_argument("--compact", action="store_true",
                     help="then repack: rewrite every pack that holds deleted or superseded records (the disk "
@@ -271,9 +298,7 @@ def register_commands(commands) -> None:
                     "it no other plan references (what deleting the plan would reclaim); then the whole store and "
                     "SQLite's write-ahead logs. Works directly on a data directory, like gc: refuses while a "
                     "server uses it.")
-    stats.add_argument("--data-dir", type=Path, default=default_data_dir())
-    stats.add_argument("--db-url", default=os.environ.get("CHECKPOINTD_DB_URL", ""))
-    stats.add_argument("--store", choices=("disk", "db"), default=os.environ.get("CHECKPOINTD_STORE", "disk"))
+    _offline_options(stats)
     stats.add_argument("--plan", action="append", default=[], metavar="PLAN",
                        help="show only this plan (repeatable); exit 1 if it has no checkpoints")
     _json_option(stats)
@@ -288,12 +313,7 @@ def register_commands(commands) -> None:
                     "on PostgreSQL it changes nothing and runs beside running replicas. With --target it asks a "
                     "running server (AdminService.CheckIntegrity), which keeps serving meanwhile. Exit status: 0 "
                     "clean, 1 on any finding (an unfinished rollback included), 2 when the check could not run.")
-    offline = fsck.add_argument_group("offline (the default)")
-    offline.add_argument("--data-dir", type=Path, default=None,
-                         help="the data directory. Env CHECKPOINTD_DATA_DIR. Default: the server's default")
-    offline.add_argument("--db-url", default=None, help="the database, as for serve. Env CHECKPOINTD_DB_URL")
-    offline.add_argument("--store", choices=("disk", "db"), default=None,
-                         help="the content store, as for serve. Env CHECKPOINTD_STORE. Default: disk")
+    _offline_options(fsck.add_argument_group("offline (the default)"))
     fsck.add_argument("--unreferenced", action="store_true",
                       help="also verify the objects no checkpoint references (garbage collection deletes them)")
     _json_option(fsck)

@@ -15,7 +15,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpointd.commands import render
 from checkpointd.commands.connection import connect
-from checkpointd.commands.failures import on_interrupt, reports_errors
+from checkpointd.commands.failures import reports_errors
+from checkpointd.commands.interruption import on_interrupt
 from checkpointd_client import format_patch
 
 _SCOPES = {
@@ -36,6 +37,13 @@ def confirm(question: str) -> bool:
     if not answer:
         render.err.print()
     return answer.strip().lower() in ("y", "yes")
+
+
+def declined(what: str) -> None:
+    """Says that the command did nothing, and, when no terminal could have answered its question
+    (a script, a pipe), how to confirm in advance."""
+    unasked = "" if sys.stdin.isatty() else " (stdin is not a terminal: pass --yes to confirm without being asked)"
+    render.err.print(f"{what}{unasked}", highlight=False)
 
 
 @contextlib.contextmanager
@@ -62,7 +70,8 @@ def ls(args: argparse.Namespace) -> int:
     elif not found:
         render.err.print(f"plan {args.plan_id} has no checkpoints" + (" matching the filter" if args.filter else ""))
     else:
-        render.out.print(render.checkpoints_table(found, f"plan {args.plan_id}: {len(found)} checkpoint(s)"))
+        title = f"plan {args.plan_id}: {render.counted(len(found), 'checkpoint')}"
+        render.out.print(render.checkpoints_table(found, title))
     return 0
 
 
@@ -162,7 +171,7 @@ def rollback(args: argparse.Namespace) -> int:
                 render.out.print(f"and return the checkpoint's plan state ({render.human_size(len(preview.state))}; "
                                  f"{keep})", highlight=False)
         if not args.yes and not confirm(f"Roll plan {args.plan_id} back to {args.checkpoint_id}?"):
-            render.err.print("rollback cancelled; nothing was changed")
+            declined("rollback cancelled; nothing was changed")
             if args.json:
                 render.emit_json(_rollback_json(preview, None))
             return 1
@@ -185,8 +194,9 @@ def rollback(args: argparse.Namespace) -> int:
             render.error(unwritten)
         return 1 if unwritten else 0
     for nested in applied.nested_workspaces:
-        render.out.print(f"changed {nested.change_count} path(s) in the workspace of plan {nested.plan_id} "
-                         f"({nested.workspace_root}), as --allow-nested allowed", highlight=False, markup=False)
+        render.out.print(f"changed {render.counted(nested.change_count, 'path')} in the workspace of plan "
+                         f"{nested.plan_id} ({nested.workspace_root}), as --allow-nested allowed",
+                         highlight=False, markup=False)
     more = f" and {applied.changes_omitted} more not listed" if applied.changes_omitted else ""
     render.out.print(f"rolled back: {render.change_summary(list(applied.changes))}{more}. Safety checkpoint "
                      f"{applied.safety_checkpoint.checkpoint_id} holds what was there before "
@@ -220,13 +230,20 @@ def create(args: argparse.Namespace) -> int:
 
 @reports_errors
 def delete(args: argparse.Namespace) -> int:
-    if not args.yes and not confirm(f"Delete checkpoint {args.checkpoint_id}?"):
-        render.err.print("nothing was deleted")
-        return 1
-    interrupted = (f"interrupted after the delete was sent: the checkpoint may be gone "
-                   f"(`checkpointd show {args.checkpoint_id}` tells)")
-    with connect(args) as conn, on_interrupt(interrupted):
-        conn.checkpoints().delete_checkpoint(args.checkpoint_id)
+    """Asks only about a checkpoint that exists (an unknown id fails at once, NOT_FOUND), naming
+    what it is, then deletes it."""
+    with connect(args) as conn:
+        client = conn.checkpoints()
+        if not args.yes:
+            cp = client.get_checkpoint(args.checkpoint_id)
+            if not confirm(f"Delete checkpoint {cp.checkpoint_id} (#{cp.sequence} of plan {cp.plan_id}, "
+                           f"{render.local_time(cp)})?"):
+                declined("nothing was deleted")
+                return 1
+        interrupted = (f"interrupted after the delete was sent: the checkpoint may be gone "
+                       f"(`checkpointd show {args.checkpoint_id}` tells)")
+        with on_interrupt(interrupted):
+            client.delete_checkpoint(args.checkpoint_id)
     if args.json:
         render.emit_json({"deleted": args.checkpoint_id})
     else:

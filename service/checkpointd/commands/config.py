@@ -8,7 +8,8 @@ import shlex
 
 from checkpointd.commands import render
 from checkpointd.commands.connection import connect
-from checkpointd.commands.failures import on_interrupt, reports_errors
+from checkpointd.commands.failures import reports_errors
+from checkpointd.commands.interruption import on_interrupt
 from checkpointd_client import CheckpointdRpcError
 
 

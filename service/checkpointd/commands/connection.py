@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from checkpointd.api.auth import TokenError, token_text
+from checkpointd.api.tokens import TokenError, token_text
 from checkpointd.defaults import default_target
 from checkpointd_client import CheckpointClient, ConfigClient, open_channel
 
@@ -27,7 +27,7 @@ def _read(path: Path, what: str) -> bytes:
 
 def token(args: argparse.Namespace) -> str | None:
     """The bearer token from --token-file, else CHECKPOINTD_TOKEN, else none; taken as the server
-    takes it (api.auth.token_text: UTF-8, surrounding whitespace stripped)."""
+    takes it (api.tokens.token_text: UTF-8, surrounding whitespace stripped)."""
     try:
         if args.token_file is not None:
             return token_text(_read(args.token_file, "token file"), f"token file {args.token_file}") or None

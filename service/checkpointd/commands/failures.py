@@ -1,13 +1,12 @@
 """How the client commands fail: one line on stderr that says what to do, never a traceback.
 
 A call that never reached checkpointd says which target was tried and how to start a server or
-point at another; Ctrl-C says what it left behind (see ``on_interrupt``) and exits 130."""
+point at another; Ctrl-C says what it left behind (see interruption.on_interrupt) and exits 130."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import wraps
 
 import grpc
@@ -16,10 +15,6 @@ from checkpointd.commands import render
 from checkpointd.commands.connection import ConnectionOptionsError, target_of
 from checkpointd_client import CheckpointdRpcError
 
-#: Exit status after Ctrl-C, as a shell reports a command killed by SIGINT (128 + 2).
-INTERRUPTED_EXIT = 130
-#: What Ctrl-C means where no command said otherwise: nothing had been asked to change yet.
-NOTHING_CHANGED = "aborted, nothing changed"
 #: Causes the gRPC library names in its text when it could not reach the target, said plainly.
 _TRANSPORT_CAUSES = (
     ("Connection refused", "connection refused"),
@@ -33,19 +28,6 @@ _TRANSPORT_MARKERS = ("failed to connect", "Failed to connect", "Socket closed",
                       "connection attempt timed out", "Broken pipe", "Network is unreachable", "keepalive",
                       "Cancelling all calls", "Connection timed out", "End of TCP stream",
                       "connections to all backends failed")
-
-
-class Interrupted(Exception):
-    """Ctrl-C while a change was on its way to the server; the message says what may have happened."""
-
-
-@contextlib.contextmanager
-def on_interrupt(message: str) -> Iterator[None]:
-    """Within this block, Ctrl-C ends the command with ``message`` instead of 'nothing changed'."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise Interrupted(message) from None
 
 
 def unreachable(error: CheckpointdRpcError, target: str, timeout: float) -> str | None:
@@ -67,8 +49,20 @@ def unreachable(error: CheckpointdRpcError, target: str, timeout: float) -> str 
     return None
 
 
+#: What to do next, for the reasons whose message alone does not say.
+_NEXT_STEP = {
+    "NO_WORKSPACE": "it was made without --workspace-root (its plan had no workspace yet), so it holds the plan "
+                    "state only; `checkpointd create PLAN_ID --workspace-root DIR` records the plan's files from "
+                    "then on",
+}
+
+
 def describe(error: CheckpointdRpcError, args: argparse.Namespace) -> str:
-    return unreachable(error, target_of(args), args.timeout) or str(error)
+    unanswered = unreachable(error, target_of(args), args.timeout)
+    if unanswered:
+        return unanswered
+    next_step = _NEXT_STEP.get(error.reason)
+    return f"{error}: {next_step}" if next_step else str(error)
 
 
 def failure_message(error: BaseException, args: argparse.Namespace) -> str | None:

@@ -5,7 +5,6 @@ unfinished rollback included), 2 when the check could not run."""
 from __future__ import annotations
 
 import argparse
-import os
 
 import grpc
 from rich import box
@@ -13,11 +12,10 @@ from rich.table import Table
 
 from checkpoint.v1 import admin_service_pb2 as pb
 from checkpoint.v1 import admin_service_pb2_grpc as pb_grpc
-from checkpointd.commands import render
+from checkpointd.commands import offline_location, render
 from checkpointd.commands.connection import ConnectionOptionsError, connect
 from checkpointd.core.maintenance.fsck import CannotCheck, FsckReport, Problem, check_data_dir
 from checkpointd.core.metadata.db import DatabaseUrlError
-from checkpointd.defaults import default_data_dir
 from checkpointd_client import CheckpointdRpcError
 
 #: Exit statuses.
@@ -41,9 +39,7 @@ def fsck(args: argparse.Namespace) -> int:
 
 
 def _offline(args: argparse.Namespace) -> FsckReport:
-    data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
-    db_url = args.db_url if args.db_url is not None else os.environ.get("CHECKPOINTD_DB_URL", "")
-    store = args.store or os.environ.get("CHECKPOINTD_STORE", "disk")
+    data_dir, db_url, store = offline_location(args)
     return check_data_dir(data_dir, db_url, store, full=args.unreferenced)
 
 
@@ -67,10 +63,11 @@ def _through_server(args: argparse.Namespace) -> FsckReport:
 
 
 def _print(report: FsckReport) -> None:
-    render.out.print(f"{report.plans} plan(s), {report.checkpoints} checkpoint(s), {report.objects_verified} "
-                     f"object(s) verified, {report.unreferenced_objects} unreferenced", highlight=False)
+    render.out.print(f"{render.counted(report.plans, 'plan')}, {render.counted(report.checkpoints, 'checkpoint')}, "
+                     f"{render.counted(report.objects_verified, 'object')} verified, "
+                     f"{report.unreferenced_objects} unreferenced", highlight=False)
     if report.problems:
-        table = Table(title=f"{len(report.problems)} problem(s)", box=box.SIMPLE, title_justify="left")
+        table = Table(title=render.counted(len(report.problems), "problem"), box=box.SIMPLE, title_justify="left")
         for column in ("kind", "subject", "detail"):
             table.add_column(column, overflow="fold")
         for problem in report.problems:

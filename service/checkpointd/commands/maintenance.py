@@ -10,13 +10,13 @@ from rich import box
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from checkpointd.commands import render
-from checkpointd.commands.failures import on_interrupt
+from checkpointd.commands import offline_location, render
+from checkpointd.commands.interruption import on_interrupt
 from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel.errors import CheckpointdError
-from checkpointd.core.maintenance.datadir_lock import DataDirBusy, held_offline
+from checkpointd.core.maintenance.datadir_lock import DataDirBusy, OfflineCommand, held_offline
 from checkpointd.core.maintenance.retention import GcAborted, Maintenance, MaintenanceReport, store_footprint
 from checkpointd.core.metadata.db import Database, DatabaseUrlError, SchemaError
 from checkpointd.core.store.content_store import ContentStore
@@ -26,6 +26,8 @@ from checkpointd.server import ServerSettings
 
 #: The SQLite database a data directory holds (without --db-url).
 DATABASE_FILE = "checkpointd.db"
+#: What `checkpointd gc` beside a running server is told: that server can collect garbage itself.
+GC = OfflineCommand("`checkpointd gc`", ", or let it collect garbage itself (serve --gc-interval SECONDS)")
 
 
 def _report_table(report: MaintenanceReport) -> Table:
@@ -46,15 +48,14 @@ def _report_table(report: MaintenanceReport) -> Table:
     return table
 
 
-def offline_data_dir(args: argparse.Namespace) -> Path | None:
+def offline_data_dir(data_dir: Path, db_url: str) -> Path | None:
     """The data directory gc and stats work on, or None (the reason printed) when it is not one:
     as fsck does, a directory that holds no checkpointd database (and no --db-url names one) is
     refused, and nothing is created in it."""
-    data_dir = args.data_dir.expanduser().resolve()
     if not data_dir.is_dir():
         render.error(f"no data directory at {data_dir}")
         return None
-    if not args.db_url and not (data_dir / DATABASE_FILE).is_file():
+    if not db_url and not (data_dir / DATABASE_FILE).is_file():
         render.error(f"{data_dir} holds no checkpointd database ({DATABASE_FILE}): is it the data directory? "
                      "(--data-dir, env CHECKPOINTD_DATA_DIR)")
         return None
@@ -73,18 +74,18 @@ def offline_failure(exc: BaseException) -> int:
 
 
 def gc(args: argparse.Namespace) -> int:
-    data_dir = offline_data_dir(args)
-    if data_dir is None:
+    data_dir, db_url, store_kind = offline_location(args)
+    if offline_data_dir(data_dir, db_url) is None:
         return 1
     db = None
     try:
         with contextlib.ExitStack() as stack:
-            settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
-                                      store=args.store)
+            settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=db_url,
+                                      store=store_kind)
             db = Database(settings.database_url)
-            stack.enter_context(held_offline(data_dir, args.store, db))
+            stack.enter_context(held_offline(data_dir, store_kind, db, GC))
             db.migrate()
-            store = open_store(args.store, db, data_dir)
+            store = open_store(store_kind, db, data_dir)
             config = ConfigStore(db)
             checkpoints = Checkpoints(db, store, config, EngineSettings(data_dir, ()))
             maintenance = Maintenance(db, store, checkpoints.trees, config, checkpoints.delete)
@@ -107,7 +108,7 @@ def gc(args: argparse.Namespace) -> int:
     else:
         render.out.print(_report_table(report))
         if compacted is not None:
-            render.out.print(f"compaction: {compacted['packs']} pack(s) rewritten, "
+            render.out.print(f"compaction: {render.counted(compacted['packs'], 'pack')} rewritten, "
                              f"{render.human_size(compacted['reclaimed_bytes'])} reclaimed; store size now "
                              f"{render.human_size(compacted['store_bytes'])}", highlight=False)
     return 0

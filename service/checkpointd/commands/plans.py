@@ -51,7 +51,7 @@ def plans(args: argparse.Namespace) -> int:
                                                                        "--workspace-root DIR` records a first one"),
                          highlight=False)
     else:
-        render.out.print(plans_table(found, f"{len(found)} plan(s), newest plan id first"))
+        render.out.print(plans_table(found, f"{render.counted(len(found), 'plan')}, newest plan id first"))
     return 0
 
 

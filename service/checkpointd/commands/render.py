@@ -77,6 +77,11 @@ def message_dict(message: Message) -> dict:
     return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
+def counted(count: int, noun: str) -> str:
+    """E.g. "1 path", "2 paths", "0 paths": a count with its noun in the number it takes."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def human_size(size: int) -> str:
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -171,7 +176,7 @@ def print_changes(heading: str, changes: list[pb.FileChange], omitted: int = 0) 
 
 
 def omitted_line(omitted: int) -> str:
-    return (f"and {omitted} more changed paths, not listed (the answer holds up to 16 MiB of changes; "
+    return (f"and {counted(omitted, 'more changed path')}, not listed (the answer holds up to 16 MiB of changes; "
             "narrow it with --path to see them)")
 
 

@@ -8,13 +8,19 @@ import contextlib
 from rich import box
 from rich.table import Table
 
-from checkpointd.commands import render
+from checkpointd.commands import offline_location, render
 from checkpointd.commands.maintenance import OFFLINE_ERRORS, offline_data_dir, offline_failure
-from checkpointd.core.maintenance.datadir_lock import held_offline
+from checkpointd.core.maintenance.datadir_lock import OfflineCommand, held_offline
 from checkpointd.core.maintenance.usage import StoreUsage, store_usage
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import open_store
 from checkpointd.server import ServerSettings
+
+#: What `checkpointd stats` beside a running server is told: that server answers for a plan.
+STATS = OfflineCommand("`checkpointd stats`",
+                       ", or ask it: `checkpointd plans` lists each plan's checkpoints and size (before "
+                       "deduplication), and a server with --metrics-listen exports what each takes in the store "
+                       "(checkpointd_plan_store_bytes)")
 
 
 def _table(usage: StoreUsage, whole_store: bool) -> Table:
@@ -36,18 +42,18 @@ def _table(usage: StoreUsage, whole_store: bool) -> Table:
 
 
 def stats(args: argparse.Namespace) -> int:
-    data_dir = offline_data_dir(args)
-    if data_dir is None:
+    data_dir, db_url, store_kind = offline_location(args)
+    if offline_data_dir(data_dir, db_url) is None:
         return 1
     db = None
     try:
         with contextlib.ExitStack() as stack:
-            settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=args.db_url,
-                                      store=args.store)
+            settings = ServerSettings(listen=(), data_dir=data_dir, workspace_roots=(), db_url=db_url,
+                                      store=store_kind)
             db = Database(settings.database_url)
-            stack.enter_context(held_offline(data_dir, args.store, db))
+            stack.enter_context(held_offline(data_dir, store_kind, db, STATS))
             db.migrate()
-            usage = store_usage(db, open_store(args.store, db, data_dir), data_dir, args.plan)
+            usage = store_usage(db, open_store(store_kind, db, data_dir), data_dir, args.plan)
     except OFFLINE_ERRORS as exc:
         return offline_failure(exc)
     finally:
@@ -62,6 +68,6 @@ def stats(args: argparse.Namespace) -> int:
     else:
         render.out.print(_table(usage, whole_store=not args.plan))
     if usage.missing_nodes:
-        render.err.print(f"warning: {usage.missing_nodes} referenced tree node(s) could not be read; run "
-                         "`checkpointd fsck`", highlight=False)
+        unread = render.counted(usage.missing_nodes, "referenced tree node")
+        render.err.print(f"warning: {unread} could not be read; run `checkpointd fsck`", highlight=False)
     return 0

@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
@@ -37,6 +38,20 @@ def needs_data_dir_lock(store: str, db: Database) -> bool:
 
 class DataDirBusy(RuntimeError):
     """Another process holds the data directory in a conflicting mode."""
+
+
+@dataclass(frozen=True)
+class OfflineCommand:
+    """The command that takes the locks without a server, for its refusal to name: what was
+    refused, and what its user can do other than stop the server (``otherwise``, a clause that
+    follows "stop it first")."""
+
+    name: str = "an offline command"
+    otherwise: str = ""
+
+
+#: What a refusal names when the command did not say who it is (fsck, which says it itself).
+SOME_OFFLINE_COMMAND = OfflineCommand()
 
 
 class _FileLock:
@@ -83,9 +98,11 @@ class _FileLock:
 class DataDirLock(_FileLock):
     protection = "cross-process GC protection"
 
-    def __init__(self, data_dir: Path, exclusive: bool, disk_store_writer: bool = False) -> None:
+    def __init__(self, data_dir: Path, exclusive: bool, disk_store_writer: bool = False,
+                 offline: OfflineCommand | None = None) -> None:
         super().__init__(data_dir / LOCK_NAME, exclusive)
         self.disk_store_writer = disk_store_writer
+        self.offline = offline
 
     @classmethod
     def for_server(cls, data_dir: Path, store: str, gc_interval_seconds: float) -> DataDirLock:
@@ -100,6 +117,9 @@ class DataDirLock(_FileLock):
             return (f"{self.path.parent} is in use by another checkpointd process; its content store "
                     "(--store disk) takes one server at a time (several replicas on PostgreSQL keep content "
                     "in the database with --store db, each with a data directory of its own; see README)")
+        if self.offline is not None:
+            return (f"{self.path.parent} is in use by another checkpointd process; {self.offline.name} needs it "
+                    f"alone: stop that process first{self.offline.otherwise}")
         if self.exclusive:
             return (f"{self.path.parent} is in use by another checkpointd process; garbage collection needs it "
                     "alone (stop the other process, or run GC inside the one server with --gc-interval)")
@@ -113,29 +133,29 @@ class ServingLock(_FileLock):
 
     protection = "the one-server-per-database check"
 
-    def __init__(self, database: Path, offline: bool = False) -> None:
+    def __init__(self, database: Path, offline: OfflineCommand | None = None) -> None:
         super().__init__(database.with_name(database.name + ".serving.lock"), exclusive=True)
         self.database = database
         self.offline = offline
 
     def _busy_message(self) -> str:
-        if self.offline:
-            return (f"the SQLite database {self.database} is served by a running checkpointd: stop it first "
-                    "(an offline command needs the database alone; a server collects garbage itself with "
-                    "--gc-interval)")
+        if self.offline is not None:
+            return (f"the SQLite database {self.database} is served by a running checkpointd; {self.offline.name} "
+                    f"needs the database alone: stop that server first{self.offline.otherwise}")
         return (f"the SQLite database {self.database} is already served by another checkpointd; SQLite takes one "
                 "server per database (run several replicas on PostgreSQL, see README)")
 
 
 @contextlib.contextmanager
-def held_offline(data_dir: Path, store: str, db: Database) -> Iterator[None]:
-    """What an offline command that opens the content store holds (DataDirBusy if it cannot):
+def held_offline(data_dir: Path, store: str, db: Database,
+                 command: OfflineCommand = SOME_OFFLINE_COMMAND) -> Iterator[None]:
+    """What an offline command that opens the content store holds (DataDirBusy naming ``command`` if it cannot):
     the data dir alone, and on SQLite the database's serving lock, so that no server serves the
     database meanwhile whatever data dir it was given (with --store db the content store is that
     database: a collection beside such a server deleted what its next checkpoint reused)."""
     with contextlib.ExitStack() as stack:
         if needs_data_dir_lock(store, db):
-            stack.enter_context(DataDirLock(data_dir, exclusive=True))
+            stack.enter_context(DataDirLock(data_dir, exclusive=True, offline=command))
         if db.sqlite_path:
-            stack.enter_context(ServingLock(Path(db.sqlite_path), offline=True))
+            stack.enter_context(ServingLock(Path(db.sqlite_path), offline=command))
         yield
