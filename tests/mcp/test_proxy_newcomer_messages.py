@@ -75,3 +75,17 @@ async def test_a_write_that_ran_without_its_checkpoint_is_named_by_checkpoint_li
     assert not listed.is_error, text
     assert "no tool has written" not in text, text
     assert "write_file" in text and "ran without its checkpoint" in text, text
+
+
+async def test_one_change_and_one_file_are_counted_in_the_singular(checkpointd_server, workspace: Path,
+                                                                   filesystem_server) -> None:
+    plan_id = str(ULID())
+    target = checkpointd_server.tcp_target
+    async with proxied(target, workspace, [str(filesystem_server), str(workspace)], plan_id=plan_id) as proxy:
+        await proxy.call("write_file", {"path": str(workspace / "only.txt"), "content": "one\n"})
+        newest = checkpoints_of(target, plan_id)[-1].checkpoint_id
+        (workspace / "only.txt").write_text("two\n")
+        diff = text_of(await proxy.call("checkpoint_diff", {"checkpoint_id": newest}))
+        listed = text_of(await proxy.call("checkpoint_list", {}))
+    assert diff.startswith(f"1 path differs from checkpoint {newest} to the workspace now:"), diff[:300]
+    assert "(1 file)" in listed and "(1 files)" not in listed, listed

@@ -193,7 +193,7 @@ def describe_checkpoint(checkpoint: Checkpoint) -> str:
     if checkpoint.source_tool:
         parts.append(checkpoint.source_tool)
     if checkpoint.has_files:
-        parts.append(f"({checkpoint.file_count} files)")
+        parts.append(f"({_plural(checkpoint.file_count, 'file')})")
     return "  ".join(parts)
 
 
@@ -219,6 +219,10 @@ def _change_lines(changes: Sequence[FileChange], describe: Callable[[FileChange]
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _paths_differ(count: int) -> str:
+    return "1 path differs" if count == 1 else f"{count} paths differ"
 
 
 class UndoTools:
@@ -317,8 +321,7 @@ class UndoTools:
         target = f"checkpoint {target_id}" if target_id else "the workspace now"
         if not changes:
             return f"No differences between checkpoint {base_id} and {target}."
-        header = (f"{_plural(len(changes) + changes.omitted, 'path')} differ from checkpoint {base_id} to "
-                  f"{target}:")
+        header = f"{_paths_differ(len(changes) + changes.omitted)} from checkpoint {base_id} to {target}:"
         listed = _change_lines(changes, _change_kind)
         if changes.omitted:
             listed.append(f"  ... and {changes.omitted} more (diff fewer paths (paths) to see them)")
