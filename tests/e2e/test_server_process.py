@@ -112,6 +112,23 @@ def test_environment_variables_configure_serve_and_sigterm_drains_cleanly(short_
     assert "upgraded from an empty database" in output and "alembic" not in output
 
 
+def test_a_workspace_root_that_is_not_a_directory_is_named_at_start(short_tmp):
+    base = short_tmp / f"roots-{ULID()}"
+    base.mkdir()
+    port = free_port()
+    missing = base / "not-mounted-yet"
+    process = subprocess.Popen([CHECKPOINTD, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(base / "data"),
+                                "--workspace-root", str(base), "--workspace-root", str(missing)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_serving(f"127.0.0.1:{port}", process)
+    finally:
+        assert sigterm_and_wait(process) == 0
+    output = process.stdout.read()
+    assert f"workspace root {missing} is not a directory (yet)" in output
+    assert f"workspace root {base} is not" not in output
+
+
 def test_a_stale_socket_file_from_a_crashed_server_is_replaced(fresh_server):
     fresh_server.kill()
     stale = socket.socket(socket.AF_UNIX)

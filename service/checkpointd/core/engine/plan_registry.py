@@ -4,6 +4,7 @@ mention and never changed) and the per-plan lock that serializes a plan's operat
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from checkpointd.core.metadata.db import AdvisoryLock, Database, LockHolder
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.metadata.rows import ADVISORY_LOCKS_HELD, RowWriter
 
+log = logging.getLogger("checkpointd.plans")
+
 #: Plans a server remembers (their workspace roots) at most; about 200 bytes each.
 MAX_REMEMBERED_PLANS = 100_000
 
@@ -35,6 +38,10 @@ class PlanRegistry:
         #: Plans whose lock across replicas this process holds now (PostgreSQL).
         self._held: dict[str, AdvisoryLock] = {}
         self._allowed = tuple(os.path.realpath(r) for r in allowed_roots)
+        for root in self._allowed:
+            if not os.path.isdir(root):  # a typo, or a volume not mounted yet: said at start, not at the first call
+                log.warning("workspace root %s is not a directory (yet): workspaces under it are refused until it is",
+                            root)
 
     def try_lock(self, plan_id: str) -> Callable[[], None] | None:
         """The plan's lock if no other operation holds or awaits it (for an event loop, on
