@@ -142,6 +142,9 @@ def test_config_get_set_clear(tcp, plan_id):
     assert bad.returncode == 1 and "INVALID_CONFIG_VALUE" in bad.stderr
     unknown = run_cli("config", "get", "core.nope", *tcp)
     assert unknown.returncode == 1 and "UNKNOWN_CONFIG_KEY" in unknown.stderr
+    assert "core.retention.max_age_seconds" in unknown.stderr  # the keys there are
+    typo = run_cli("config", "set", "core.checkpoints.auto_create_onn", '["on_error"]', *tcp)
+    assert typo.returncode == 1 and "did you mean 'core.checkpoints.auto_create_on'?" in typo.stderr
 
 
 def test_config_set_and_clear_with_an_etag_change_only_the_value_read(tcp, plan_id):

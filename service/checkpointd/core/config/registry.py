@@ -7,6 +7,7 @@ is the plan's override, else the global value, else the default.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import hashlib
 import json
@@ -205,7 +206,10 @@ def lookup_key(name: str) -> ConfigKey:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise InvalidArgument(Reason.UNKNOWN_CONFIG_KEY, f"unknown config key {name!r}", key=name) from None
+        close = difflib.get_close_matches(name, REGISTRY, n=1)
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        raise InvalidArgument(Reason.UNKNOWN_CONFIG_KEY, f"unknown config key {name!r}: {meant}the keys are "
+                              f"{', '.join(sorted(REGISTRY))}", key=name) from None
 
 
 def validate_value(key: ConfigKey, value: Any) -> Any:
