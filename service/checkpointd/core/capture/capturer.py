@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from checkpointd.core.capture.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.capture.snapshot import (
@@ -100,6 +101,15 @@ class _Base:
     recorded: bool = False
 
 
+class Unreported(NamedTuple):
+    """A path a recheck marks (see ``Capturer.mark_unreported``): as ``kind`` (ENTRY or SUBTREE),
+    because the indexed file ``witness`` no longer matched its entry ``known``."""
+
+    witness: str
+    known: Indexed
+    kind: int
+
+
 @dataclass
 class _Root:
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -145,11 +155,12 @@ class Capturer:
     def close(self) -> None:
         self.mounts.close()
 
-    def mark_unreported(self, journal: Journal, moved: Mapping[str, Indexed]) -> list[str]:
-        """Marks dirty the files a recheck found moved against the index entry it compared them
-        with (``moved``), unless an event reported them or a capture recorded them since; returns
-        those marked. Nothing while a capture of the workspace is on (it may have taken the
-        events and not yet recorded the files): the next recheck looks again."""
+    def mark_unreported(self, journal: Journal, moved: Mapping[str, Unreported]) -> list[str]:
+        """Marks dirty what a recheck found moved (``moved``: path to mark -> the indexed file that
+        showed it, with the index entry it was compared with), unless an event reported it or a
+        capture recorded that file since; returns the paths marked. Nothing while a capture of the
+        workspace is on (it may have taken the events and not yet recorded the files): the next
+        recheck looks again."""
         with self._roots_lock:
             state = self._roots.get(journal.root)
         if self.watcher is None or state is None or not state.lock.acquire(blocking=False):
@@ -158,7 +169,8 @@ class Capturer:
             if not self.watcher.sync():
                 return []
             index = self.snapshotter.index.for_root(journal.root)
-            return self.watcher.add_unreported(journal, [p for p, known in moved.items() if index.get(p) == known])
+            return self.watcher.add_unreported(journal, {path: (seen.kind, seen.witness) for path, seen in moved.items()
+                                                         if index.get(seen.witness) == seen.known})
         finally:
             state.lock.release()
 

@@ -13,6 +13,12 @@ look at a dirty path again and read it if its stat moved. So a recheck only ever
 next capture, and only for files whose stat moved. It runs on a thread of its own, paced, off
 every call's path: 60,000 indexed files take 0.4 s of CPU a round here.
 
+A file written where it is (the same inode) is marked itself. One that is gone, or replaced by
+another file or by something else, is marked as the events of that would have marked it: its
+directory whole, or the first of its directories that can no longer be entered (a directory
+swapped for a file or for another directory, unseen under a bind mount); a root-level one makes
+the next capture scan the workspace whole.
+
 A file is marked when its identity (kind, inode, size, mtime, ctime) differs from the index's,
 not when the index merely holds it within its racy window (``Indexed.matches``): after a
 workspace's first checkpoint that is every file, and marking them would make the next capture
@@ -27,12 +33,11 @@ import os
 import stat
 import threading
 
-from checkpointd.core.capture.capturer import Capturer
-from checkpointd.core.capture.stat_index import Indexed
-from checkpointd.core.capture.watcher import Journal
+from checkpointd.core.capture.capturer import Capturer, Unreported
+from checkpointd.core.capture.watcher import ENTRY, SUBTREE, Journal
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import CheckpointdError
-from checkpointd.core.workspace.workspace import UnsafePath, Workspace
+from checkpointd.core.workspace.workspace import Directories, UnsafePath, Workspace
 
 log = logging.getLogger("checkpointd.recheck")
 
@@ -68,12 +73,15 @@ class Recheck:
                 log.exception("recheck of the watched workspaces failed")
 
     def run_once(self) -> int:
-        """Rechecks every watched workspace; returns how many files had moved unreported."""
+        """Rechecks every watched workspace; returns how many paths it marked."""
         missed = 0
         for journal in self.watcher.journals():
             if self._stopping.is_set():
                 break
-            missed += self._recheck(journal)
+            try:
+                missed += self._recheck(journal)
+            except Exception:  # one workspace's failure leaves the others rechecked
+                log.exception("recheck of %s failed", journal.root)
         return missed
 
     def _recheck(self, journal: Journal) -> int:
@@ -82,7 +90,7 @@ class Recheck:
         entries = sorted(self.index.for_root(journal.root).snapshot())
         if not entries:
             return 0
-        moved: dict[str, Indexed] = {}
+        moved: dict[str, Unreported] = {}
         try:
             with Workspace(journal.root).directories() as dirs:
                 root = os.fstat(dirs.fd(""))
@@ -95,19 +103,36 @@ class Recheck:
                     try:
                         st = os.lstat(name, dir_fd=dirs.fd(parent))
                     except (OSError, UnsafePath):
-                        moved[path] = known  # gone or unreachable: the capture sees which
+                        # Gone: its directory changed, or one above it did, unseen.
+                        moved.setdefault(_first_unreachable(dirs, path), Unreported(path, known, SUBTREE))
                         continue
-                    if stat.S_ISREG(st.st_mode) and (known.ino, known.size, known.mtime_ns, known.ctime_ns) == (
-                            st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+                    if stat.S_ISREG(st.st_mode) and st.st_ino == known.ino:
+                        if (known.size, known.mtime_ns, known.ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+                            moved[path] = Unreported(path, known, ENTRY)  # written where it is
                         continue
-                    moved[path] = known
+                    # Another file, or no file, at its name: its directory's entries changed unseen.
+                    moved.setdefault(parent, Unreported(path, known, SUBTREE))
         except (OSError, UnsafePath, CheckpointdError) as exc:  # the root is gone or unreachable now
             log.debug("recheck of %s skipped: %s", journal.root, exc)
             return 0
         marked = self.capturer.mark_unreported(journal, moved) if moved else []
         missed = len(marked)
         if marked:
-            log.info("recheck of %s: %d file(s) changed without a file-watcher event (a hard link outside the "
+            log.info("recheck of %s: %d path(s) changed without a file-watcher event (a hard link outside the "
                      "workspace, a shared mmap...); the next checkpoint captures them", journal.root, missed)
             telemetry.watcher_missed(missed)
         return missed
+
+
+def _first_unreachable(dirs: Directories, path: str) -> str:
+    """The directory to look at again whole for a file at ``path`` that is gone: the first of its
+    ancestors that can no longer be entered (gone, or no longer a directory), else its own
+    directory ('' for the workspace root)."""
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        ancestor = "/".join(parts[:depth])
+        try:
+            dirs.fd(ancestor)
+        except (OSError, UnsafePath):
+            return ancestor
+    return path.rpartition("/")[0]

@@ -38,7 +38,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,10 +109,10 @@ class Changes:
     full: str = ""
 
 
-def _covered(dirty: dict[str, int], path: str) -> bool:
-    """Whether a capture taking ``dirty`` looks at ``path`` again: it is there, or a directory
-    above it is there whole."""
-    if path in dirty:
+def _covered(dirty: dict[str, int], path: str, kind: int) -> bool:
+    """Whether a capture taking ``dirty`` looks at ``path`` again as ``kind`` asks (ENTRY: the
+    path itself; SUBTREE: all under it too): it is there so, or a directory above it is there whole."""
+    if dirty.get(path, 0) & kind or dirty.get(path, 0) & SUBTREE:
         return True
     while path:
         path = path.rpartition("/")[0]
@@ -388,15 +388,21 @@ class Watcher:
             if changes.full and not journal.full:
                 journal.full = changes.full
 
-    def add_unreported(self, journal: Journal, paths: Iterable[str]) -> list[str]:
-        """Marks ``paths`` dirty as an event would have (call after ``sync``), except those the
-        journal already holds, itself or under a directory it holds whole; returns those marked."""
+    def add_unreported(self, journal: Journal, paths: Mapping[str, tuple[int, str]]) -> list[str]:
+        """Marks ``paths`` dirty as an event would have (call after ``sync``): each as its kind
+        (ENTRY or SUBTREE; '' as SUBTREE: the whole workspace), unless the journal holds it so
+        already, or holds the file that showed it (``paths``' second item: an event reported that
+        one); returns those marked."""
         with self._lock:
             if self._journals.get(journal.root) is not journal or journal.full:
                 return []
-            added = [path for path in paths if not _covered(journal.dirty, path)]
+            added = [path for path, (kind, witness) in paths.items()
+                     if not _covered(journal.dirty, path, kind) and not _covered(journal.dirty, witness, ENTRY)]
             for path in added:
-                journal.dirty[path] = journal.dirty.get(path, 0) | ENTRY
+                if path:
+                    journal.dirty[path] = journal.dirty.get(path, 0) | paths[path][0]
+                else:
+                    journal.full = "a recheck found the workspace root's entries changed without an event"
             return added
 
     def journals(self) -> list[Journal]:
