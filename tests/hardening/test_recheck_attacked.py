@@ -163,6 +163,23 @@ def test_after_a_recheck_an_unseen_change_is_captured_as_a_full_scan_captures_it
     engines.check(expect="any")
 
 
+def test_a_file_saved_the_usual_way_does_not_hide_an_unseen_change_beside_it(engines):
+    """d/z.txt goes unseen; then d/a.txt is saved as editors save (a temporary file renamed over
+    it), which the watcher reports. Both show that d changed: the reported one must not hide the
+    other (helper-66's reproduction: one witness per directory was kept, the first by name)."""
+    _seed(engines.root)
+    (engines.root / "d" / "z.txt").write_bytes(b"the last file of d\n")
+    _age(engines.root)
+    engines.check(expect="full")
+    engines.check()
+    (engines.root / "d" / "z.txt").unlink()
+    _hide_from_watcher(engines)
+    (engines.root / "d" / ".a.txt.swp").write_bytes(b"a file in d, saved again\n")
+    os.rename(engines.root / "d" / ".a.txt.swp", engines.root / "d" / "a.txt")
+    assert Recheck(engines.watched, 3600).run_once() == 1
+    engines.check(expect="any")
+
+
 def test_a_racy_file_is_never_counted_as_missed_and_its_next_capture_is_right(engines):
     _seed(engines.root)
     engines.check(expect="full")

@@ -35,7 +35,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from checkpointd.core.capture.ignore import GITIGNORE, IgnoreRules
 from checkpointd.core.capture.snapshot import (
@@ -101,13 +100,14 @@ class _Base:
     recorded: bool = False
 
 
-class Unreported(NamedTuple):
-    """A path a recheck marks (see ``Capturer.mark_unreported``): as ``kind`` (ENTRY or SUBTREE),
-    because the indexed file ``witness`` no longer matched its entry ``known``."""
+@dataclass
+class Unreported:
+    """A path a recheck marks (see ``Capturer.mark_unreported``) as ``kind`` (ENTRY or SUBTREE),
+    because the indexed files ``witnesses`` no longer matched their entries (path, entry): any
+    one of them not reported by an event nor recorded since is reason enough."""
 
-    witness: str
-    known: Indexed
     kind: int
+    witnesses: list[tuple[str, Indexed]] = field(default_factory=list)
 
 
 @dataclass
@@ -156,11 +156,11 @@ class Capturer:
         self.mounts.close()
 
     def mark_unreported(self, journal: Journal, moved: Mapping[str, Unreported]) -> list[str]:
-        """Marks dirty what a recheck found moved (``moved``: path to mark -> the indexed file that
-        showed it, with the index entry it was compared with), unless an event reported it or a
-        capture recorded that file since; returns the paths marked. Nothing while a capture of the
-        workspace is on (it may have taken the events and not yet recorded the files): the next
-        recheck looks again."""
+        """Marks dirty what a recheck found moved (``moved``: path to mark -> the indexed files that
+        showed it, with the index entries they were compared with), unless an event reported it, or
+        an event reported or a capture recorded each of those files since; returns the paths
+        marked. Nothing while a capture of the workspace is on (it may have taken the events and not
+        yet recorded the files): the next recheck looks again."""
         with self._roots_lock:
             state = self._roots.get(journal.root)
         if self.watcher is None or state is None or not state.lock.acquire(blocking=False):
@@ -169,8 +169,9 @@ class Capturer:
             if not self.watcher.sync():
                 return []
             index = self.snapshotter.index.for_root(journal.root)
-            return self.watcher.add_unreported(journal, {path: (seen.kind, seen.witness) for path, seen in moved.items()
-                                                         if index.get(seen.witness) == seen.known})
+            current = {path: (seen.kind, [w for w, known in seen.witnesses if index.get(w) == known])
+                       for path, seen in moved.items()}
+            return self.watcher.add_unreported(journal, {path: why for path, why in current.items() if why[1]})
         finally:
             state.lock.release()
 

@@ -34,6 +34,7 @@ import stat
 import threading
 
 from checkpointd.core.capture.capturer import Capturer, Unreported
+from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.capture.watcher import ENTRY, SUBTREE, Journal
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import CheckpointdError
@@ -104,14 +105,14 @@ class Recheck:
                         st = os.lstat(name, dir_fd=dirs.fd(parent))
                     except (OSError, UnsafePath):
                         # Gone: its directory changed, or one above it did, unseen.
-                        moved.setdefault(_first_unreachable(dirs, path), Unreported(path, known, SUBTREE))
+                        _mark(moved, _first_unreachable(dirs, path), SUBTREE, path, known)
                         continue
                     if stat.S_ISREG(st.st_mode) and st.st_ino == known.ino:
                         if (known.size, known.mtime_ns, known.ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-                            moved[path] = Unreported(path, known, ENTRY)  # written where it is
+                            _mark(moved, path, ENTRY, path, known)  # written where it is
                         continue
                     # Another file, or no file, at its name: its directory's entries changed unseen.
-                    moved.setdefault(parent, Unreported(path, known, SUBTREE))
+                    _mark(moved, parent, SUBTREE, path, known)
         except (OSError, UnsafePath, CheckpointdError) as exc:  # the root is gone or unreachable now
             log.debug("recheck of %s skipped: %s", journal.root, exc)
             return 0
@@ -136,3 +137,11 @@ def _first_unreachable(dirs: Directories, path: str) -> str:
         except (OSError, UnsafePath):
             return ancestor
     return path.rpartition("/")[0]
+
+
+def _mark(moved: dict[str, Unreported], path: str, kind: int, witness: str, known: Indexed) -> None:
+    """``path`` is to be marked ``kind`` because ``witness`` moved: every witness is kept, since
+    an event may have reported one of them and not the others."""
+    seen = moved.setdefault(path, Unreported(kind))
+    seen.kind |= kind
+    seen.witnesses.append((witness, known))

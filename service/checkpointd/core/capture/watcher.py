@@ -388,16 +388,17 @@ class Watcher:
             if changes.full and not journal.full:
                 journal.full = changes.full
 
-    def add_unreported(self, journal: Journal, paths: Mapping[str, tuple[int, str]]) -> list[str]:
+    def add_unreported(self, journal: Journal, paths: Mapping[str, tuple[int, list[str]]]) -> list[str]:
         """Marks ``paths`` dirty as an event would have (call after ``sync``): each as its kind
         (ENTRY or SUBTREE; '' as SUBTREE: the whole workspace), unless the journal holds it so
-        already, or holds the file that showed it (``paths``' second item: an event reported that
-        one); returns those marked."""
+        already, or holds every file that showed it (``paths``' second item: events reported
+        those); returns those marked."""
         with self._lock:
             if self._journals.get(journal.root) is not journal or journal.full:
                 return []
-            added = [path for path, (kind, witness) in paths.items()
-                     if not _covered(journal.dirty, path, kind) and not _covered(journal.dirty, witness, ENTRY)]
+            added = [path for path, (kind, witnesses) in paths.items()
+                     if not _covered(journal.dirty, path, kind)
+                     and not all(_covered(journal.dirty, witness, ENTRY) for witness in witnesses)]
             for path in added:
                 if path:
                     journal.dirty[path] = journal.dirty.get(path, 0) | paths[path][0]

@@ -50,15 +50,16 @@ class EngineParts:
             log.warning("file watching is unavailable here (needs Linux inotify and inotify_simple); "
                         "every capture scans its whole workspace")
         self.capturer = Capturer(self.snapshotter, self.trees, self.watcher)
-        self.recheck: Recheck | None = None
-        if self.watcher is not None and settings.recheck_interval_seconds > 0:
-            self.recheck = Recheck(self.capturer, settings.recheck_interval_seconds)
-            self.recheck.start()
         self.restorer = Restorer(store, self.trees)
         self.registry = PlanRegistry(db, settings.allowed_roots)
         self.new_checkpoints = db.group_commit(self.write_checkpoints)
         self._data_dir = os.path.realpath(settings.data_dir)
         self.journal = RollbackJournal(db)
+        # Last: a part that failed to build above leaves no thread behind.
+        self.recheck: Recheck | None = None
+        if self.watcher is not None and settings.recheck_interval_seconds > 0:
+            self.recheck = Recheck(self.capturer, settings.recheck_interval_seconds)
+            self.recheck.start()
 
     def write_checkpoints(self, rows: RowWriter, new: list[NewCheckpoint]) -> None:
         """Numbers and inserts new checkpoints (``records.write_checkpoints``) in a transaction that
