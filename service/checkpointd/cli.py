@@ -51,7 +51,7 @@ class CommandLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from checkpointd.commands import STORE_CHOICES, register_commands
+    from checkpointd.commands import STORE_CHOICES, register_commands, store_kind
     from checkpointd.defaults import DEFAULT_TCP, default_data_dir
     from checkpointd.logging_setup import log_level
     from checkpointd.serve_options import add_operations_options, seconds
@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
              f"Env CHECKPOINTD_WORKSPACE_ROOT ('{os.pathsep}'-separated). Default: the current directory",
     )
     serve.add_argument(
-        "--store", choices=STORE_CHOICES, default=os.environ.get("CHECKPOINTD_STORE", "disk"),
+        "--store", type=store_kind, metavar="{" + ",".join(STORE_CHOICES) + "}",
+        default=os.environ.get("CHECKPOINTD_STORE", "disk"),
         help="where checkpoint content lives: 'disk' (DATA_DIR/store) or 'db' (in the database, so replicas "
              "sharing one PostgreSQL need no shared file system). Env CHECKPOINTD_STORE. Default: disk",
     )

@@ -219,6 +219,16 @@ def test_a_mistyped_choice_suggests_the_close_one(args, meant):
     assert f"did you mean {meant!r}?" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("command", ["serve", "gc", "stats", "fsck"])
+def test_a_store_mistyped_in_the_environment_is_a_usage_error_not_a_traceback(command):
+    """argparse checks choices against the command line only: CHECKPOINTD_STORE=Disk reached
+    StoreKind('Disk') as a traceback (helper-66)."""
+    done = run_cli(command, "--data-dir", os.devnull + "-not-used", env={"CHECKPOINTD_STORE": "Disk"})
+    assert done.returncode == 2
+    _no_traceback(done)
+    assert "'Disk' (from --store or CHECKPOINTD_STORE) is not a store: did you mean 'disk'?" in done.stderr
+
+
 def test_a_bare_checkpointd_shows_usage_and_points_at_help():
     done = _run()
     assert done.returncode == 2

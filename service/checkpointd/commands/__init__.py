@@ -8,6 +8,7 @@ pay for rich and the client."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 from collections.abc import Callable
@@ -22,6 +23,17 @@ SCOPES = ("files", "state", "files_and_state")
 #: The content stores serve, gc, stats and fsck take (core.store.db_store.StoreKind's values, named
 #: here so that building the parser does not load the store and SQLAlchemy).
 STORE_CHOICES = ("disk", "db")
+
+
+def store_kind(text: str) -> str:
+    """--store's value, or CHECKPOINTD_STORE's (argparse checks ``choices`` against the command
+    line only, not against a default read from the environment): one of STORE_CHOICES."""
+    if text not in STORE_CHOICES:
+        close = difflib.get_close_matches(text.lower(), STORE_CHOICES, n=1)
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        raise argparse.ArgumentTypeError(f"{text!r} (from --store or CHECKPOINTD_STORE) is not a store: {meant}"
+                                         f"choose from {', '.join(STORE_CHOICES)}")
+    return text
 #: What a rollback restores unless told otherwise: what the contract's ROLLBACK_SCOPE_UNSPECIFIED
 #: means, and the default of the Python and Node clients too.
 DEFAULT_SCOPE = "files_and_state"
@@ -81,7 +93,8 @@ def _offline_options(group) -> None:
     group.add_argument("--db-url", default=None, metavar="URL",
                        help="the database, as for serve. Env CHECKPOINTD_DB_URL. Default: the SQLite file "
                             "DATA_DIR/checkpointd.db")
-    group.add_argument("--store", choices=STORE_CHOICES, default=None,
+    group.add_argument("--store", type=store_kind, default=os.environ.get("CHECKPOINTD_STORE", "disk"),
+                       metavar="{" + ",".join(STORE_CHOICES) + "}",
                        help="the content store, as for serve. Env CHECKPOINTD_STORE. Default: disk")
 
 
@@ -90,8 +103,7 @@ def offline_location(args: argparse.Namespace) -> tuple[Path, str, str]:
     options, else their CHECKPOINTD_* variables, else serve's defaults."""
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     db_url = args.db_url if args.db_url is not None else os.environ.get("CHECKPOINTD_DB_URL", "")
-    store = args.store or os.environ.get("CHECKPOINTD_STORE", "disk")
-    return data_dir, db_url, store
+    return data_dir, db_url, args.store
 
 
 def _client_command(commands, name: str, help_text: str, module: str, function: str,
