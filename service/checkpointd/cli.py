@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
         parser = build_parser()
         args = parser.parse_args(argv)
+        load = getattr(getattr(args, "run", None), "load", None)
+        if load is not None:
+            load()  # the command's modules (the client, rich; gc and fsck: SQLAlchemy), here
         if args.command == "serve":
             serving = True
             import checkpointd.server  # noqa: F401  (seconds of imports, before anything starts)

@@ -234,3 +234,32 @@ def test_a_bare_checkpointd_shows_usage_and_points_at_help():
     assert done.returncode == 2
     assert done.stderr.startswith("usage: checkpointd"), done.stderr
     assert "`checkpointd --help`" in done.stderr, done.stderr
+
+
+#: `checkpointd ls PLAN` in this interpreter, getting SIGINT while the command's own modules load.
+_INTERRUPTED_WHILE_THE_COMMAND_LOADS = """
+import importlib, os, signal, sys
+from checkpointd import cli
+
+real = importlib.import_module
+
+def import_module(name, *args, **kwargs):
+    if name == "checkpointd.commands.checkpoints":
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):  # a handler runs at one of these backward jumps, in here
+            pass
+    return real(name, *args, **kwargs)
+
+importlib.import_module = import_module
+sys.exit(cli.main(["ls", sys.argv[1]]))
+"""
+
+
+def test_ctrl_c_while_a_commands_modules_load_is_answered_as_loading():
+    """The command's modules (the client, rich) load while a Ctrl-C is only noted, as serve's do:
+    a KeyboardInterrupt raised inside an import can land in a finalizer, printed as a traceback."""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED_WHILE_THE_COMMAND_LOADS, str(ULID())],
+                          capture_output=True, text=True, timeout=60, env=_clean_env())
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert "interrupted while loading" in done.stderr, done.stderr
+    _no_traceback(done)

@@ -39,11 +39,22 @@ def store_kind(text: str) -> str:
 DEFAULT_SCOPE = "files_and_state"
 
 
-def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(f"checkpointd.commands.{module}"), function)(args)
+class _Lazy:
+    """A command's function, imported when first loaded or called: building the parser loads no
+    command's modules, and ``cli.main`` loads the chosen one while a Ctrl-C is only noted."""
 
-    return run
+    def __init__(self, module: str, function: str) -> None:
+        self._where = (f"checkpointd.commands.{module}", function)
+        self._run: Callable[[argparse.Namespace], int] | None = None
+
+    def load(self) -> Callable[[argparse.Namespace], int]:
+        if self._run is None:
+            module, function = self._where
+            self._run = getattr(importlib.import_module(module), function)
+        return self._run
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.load()(args)
 
 
 _TARGET_HELP = ("server address, HOST:PORT or unix:///PATH. Env CHECKPOINTD_TARGET. Default: the default data dir's "
@@ -114,7 +125,7 @@ def _client_command(commands, name: str, help_text: str, module: str, function: 
     if json_output:
         _json_option(parser)
     _connection_options(parser, timeout)
-    parser.set_defaults(run=_lazy(module, function))
+    parser.set_defaults(run=_Lazy(module, function))
     return parser
 
 
@@ -165,7 +176,7 @@ def _mcp_proxy_command(commands) -> None:
     proxy.add_argument("--log-level", default=os.environ.get("CHECKPOINTD_LOG_LEVEL", "INFO"),
                        help="logging level of the proxy's stderr. Env CHECKPOINTD_LOG_LEVEL")
     _connection_options(proxy, LONG_TIMEOUT_S)
-    proxy.set_defaults(run=_lazy("mcp_proxy", "mcp_proxy"))
+    proxy.set_defaults(run=_Lazy("mcp_proxy", "mcp_proxy"))
 
 
 def register_commands(commands) -> None:
@@ -278,7 +289,7 @@ def register_commands(commands) -> None:
     plan_id = commands.add_parser("new-plan-id", help="print a fresh plan id (a ULID)",
                                   description="Print a fresh ULID to use as a new plan's id (checkpointd_client."
                                               "new_plan_id() and the Node client's newPlanId() make the same).")
-    plan_id.set_defaults(run=_lazy("plan_ids", "new_plan_id"))
+    plan_id.set_defaults(run=_Lazy("plan_ids", "new_plan_id"))
 
     health = commands.add_parser("health", help="check that a server is serving (exit 0) or not (exit 1)",
                                  description="Ask the gRPC health service; exit 0 when SERVING. Used by the "
@@ -286,7 +297,7 @@ def register_commands(commands) -> None:
     health.add_argument("--service", default="", help="a service name (default: the server as a whole)")
     _json_option(health)
     _connection_options(health, 5.0)
-    health.set_defaults(run=_lazy("health", "health"))
+    health.set_defaults(run=_Lazy("health", "health"))
 
     _mcp_proxy_command(commands)
 
@@ -301,7 +312,7 @@ def register_commands(commands) -> None:
                     help="then repack: rewrite every pack that holds deleted or superseded records (the disk "
                          "store compacts a pack by itself only once half of it is dead)")
     _json_option(gc)
-    gc.set_defaults(run=_lazy("maintenance", "gc"))
+    gc.set_defaults(run=_Lazy("maintenance", "gc"))
 
     stats = commands.add_parser(
         "stats", help="show what each plan's checkpoints hold in the content store, offline",
@@ -314,7 +325,7 @@ def register_commands(commands) -> None:
     stats.add_argument("--plan", action="append", default=[], metavar="PLAN",
                        help="show only this plan (repeatable); exit 1 if it has no checkpoints")
     _json_option(stats)
-    stats.set_defaults(run=_lazy("stats", "stats"))
+    stats.set_defaults(run=_Lazy("stats", "stats"))
 
     fsck = commands.add_parser(
         "fsck", help="check that every checkpoint can be restored (exit 1 on any finding)",
@@ -331,4 +342,4 @@ def register_commands(commands) -> None:
     _json_option(fsck)
     _connection_options(fsck, LONG_TIMEOUT_S, target_help="check this running server (HOST:PORT or unix:///PATH) "
                                                           "instead of a data directory")
-    fsck.set_defaults(run=_lazy("fsck", "fsck"))
+    fsck.set_defaults(run=_Lazy("fsck", "fsck"))
