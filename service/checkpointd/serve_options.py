@@ -91,6 +91,10 @@ def seconds(text: str) -> float:
     return value
 
 
+#: How often a server rechecks the watched workspaces' files (core/capture/recheck.py) unless told.
+RECHECK_INTERVAL_SECONDS = 300.0
+
+
 def add_operations_options(serve: argparse.ArgumentParser) -> None:
     listeners = serve.add_argument_group("listener security")
     listeners.add_argument(
@@ -138,11 +142,12 @@ def add_operations_options(serve: argparse.ArgumentParser) -> None:
              "(checkpointd_plan_store_bytes) at start-up and then every SECONDS, in the background; 0 disables. "
              "Env CHECKPOINTD_USAGE_INTERVAL. Default: 300")
     ops.add_argument(
-        "--recheck-interval", type=seconds, default=_env("RECHECK_INTERVAL", "300"), metavar="SECONDS",
+        "--recheck-interval", type=seconds, default=_env("RECHECK_INTERVAL", f"{RECHECK_INTERVAL_SECONDS:g}"),
+        metavar="SECONDS",
         help="with the file watcher on, stat every captured file of each watched workspace again every SECONDS, "
              "in the background, so that a write no file-watcher event reports (through a hard link outside the "
              "workspace, a shared mmap) is captured by the next checkpoint; 0 disables. "
-             "Env CHECKPOINTD_RECHECK_INTERVAL. Default: 300")
+             f"Env CHECKPOINTD_RECHECK_INTERVAL. Default: {RECHECK_INTERVAL_SECONDS:g}")
 
 
 def _token(args: argparse.Namespace) -> TokenSource | None:

@@ -68,7 +68,7 @@ from checkpointd.listeners import (
     parse_tcp,
     stale_socket,
 )
-from checkpointd.serve_options import OptionError, first_line
+from checkpointd.serve_options import RECHECK_INTERVAL_SECONDS, OptionError, first_line
 
 log = logging.getLogger("checkpointd")
 T = TypeVar("T")
@@ -113,7 +113,7 @@ class ServerSettings:
     #: Watch workspaces so that a checkpoint re-examines only what changed (off: full scans).
     watcher: bool = True
     #: Seconds between rechecks of the watched files' stats, for writes no watcher event reports; 0 for none.
-    recheck_interval_seconds: float = 300.0
+    recheck_interval_seconds: float = RECHECK_INTERVAL_SECONDS
     #: Threads that run the calls not served on the event loop.
     max_workers: int = 32
     grace_seconds: float = 30.0

@@ -35,21 +35,6 @@ def _no_traceback(done: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in done.stderr, done.stderr
 
 
-@pytest.fixture
-def tcp(checkpointd_server) -> list[str]:
-    return ["--target", checkpointd_server.tcp_target]
-
-
-@pytest.fixture
-def checkpoint(checkpointd_server, tcp) -> dict:
-    """A plan with one checkpoint of a workspace holding a.txt."""
-    workspace = checkpointd_server.new_workspace()
-    (workspace / "a.txt").write_text("original")
-    done = run_cli("create", str(ULID()), "--workspace-root", str(workspace), "--json", *tcp)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout) | {"_workspace": workspace}
-
-
 # -- 1. start-up: a command loads what it uses -------------------------------------------------
 
 _LOADED = """

@@ -46,7 +46,7 @@ def target_origin(target: str) -> str:
     return ""
 
 
-#: How to start a local checkpointd (the CLI's hint says the same).
+#: How to start a local checkpointd (the CLI's hint uses it too).
 START_HINT = "start one with `make run` (in a checkout) or `checkpointd serve`"
 #: How a library user points the client at another server.
 POINT_WITH_ENV = "point at yours with a target argument or CHECKPOINTD_TARGET (HOST:PORT or unix:///PATH)"

@@ -14,6 +14,7 @@ import grpc
 from checkpointd.commands import render
 from checkpointd.commands.connection import ConnectionOptionsError, target_of
 from checkpointd_client import CheckpointdRpcError
+from checkpointd_client.targets import START_HINT
 
 #: Causes the gRPC library names in its text when it could not reach the target, said plainly.
 _TRANSPORT_CAUSES = (
@@ -34,8 +35,7 @@ def unreachable(error: CheckpointdRpcError, target: str, timeout: float) -> str 
     """The message for a call that never got an answer from checkpointd; None for any other failure."""
     if error.reason:
         return None  # checkpointd itself answered (e.g. SHUTTING_DOWN)
-    hint = ("start one with `make run` (in a checkout) or `checkpointd serve`, or point at yours with "
-            "--target HOST:PORT or --target unix:///PATH (env CHECKPOINTD_TARGET)")
+    hint = f"{START_HINT}, or point at yours with --target HOST:PORT or --target unix:///PATH (env CHECKPOINTD_TARGET)"
     if error.code is grpc.StatusCode.UNAVAILABLE:
         cause = next((plain for marker, plain in _TRANSPORT_CAUSES if marker in error.message), None)
         if cause is None and error.message and not any(m in error.message for m in _TRANSPORT_MARKERS):
