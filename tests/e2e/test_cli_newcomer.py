@@ -248,3 +248,9 @@ def test_ctrl_c_while_a_commands_modules_load_is_answered_as_loading():
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert "interrupted while loading" in done.stderr, done.stderr
     _no_traceback(done)
+
+
+def test_export_to_stdout_refuses_json_it_cannot_print(checkpoint, tcp):
+    done = run_cli("export", checkpoint["checkpoint_id"], "--output", "-", "--json", *tcp)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--json describes an archive written to a file" in done.stderr, done.stderr

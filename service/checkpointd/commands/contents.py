@@ -75,6 +75,10 @@ def export(args: argparse.Namespace) -> int:
     (a link, which fails if the output appeared meanwhile; with --force a rename). Nothing but the
     output is ever written, and an interrupted export leaves no partial archive."""
     if args.output == "-":
+        if args.json:
+            render.error("--json describes an archive written to a file: with --output - the archive itself is "
+                         "what goes to stdout")
+            return 2
         if sys.stdout.isatty():
             render.error("refusing to write a tar archive to a terminal: redirect it (> x.tar) or use --output FILE")
             return 1
