@@ -104,8 +104,7 @@ def _offline_options(group) -> None:
     group.add_argument("--db-url", default=None, metavar="URL",
                        help="the database, as for serve. Env CHECKPOINTD_DB_URL. Default: the SQLite file "
                             "DATA_DIR/checkpointd.db")
-    group.add_argument("--store", type=store_kind, default=os.environ.get("CHECKPOINTD_STORE", "disk"),
-                       metavar="{" + ",".join(STORE_CHOICES) + "}",
+    group.add_argument("--store", type=store_kind, default=None, metavar="{" + ",".join(STORE_CHOICES) + "}",
                        help="the content store, as for serve. Env CHECKPOINTD_STORE. Default: disk")
 
 
@@ -114,7 +113,15 @@ def offline_location(args: argparse.Namespace) -> tuple[Path, str, str]:
     options, else their CHECKPOINTD_* variables, else serve's defaults."""
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     db_url = args.db_url if args.db_url is not None else os.environ.get("CHECKPOINTD_DB_URL", "")
-    return data_dir, db_url, args.store
+    try:
+        # Not a default of --store: fsck tells an offline check by the options given.
+        store = args.store or store_kind(os.environ.get("CHECKPOINTD_STORE", "disk"))
+    except argparse.ArgumentTypeError as exc:
+        from checkpointd.commands import render
+
+        render.error(f"argument --store: {exc}")
+        raise SystemExit(2) from None
+    return data_dir, db_url, store
 
 
 def _client_command(commands, name: str, help_text: str, module: str, function: str,
