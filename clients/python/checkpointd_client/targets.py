@@ -55,7 +55,7 @@ POINT_WITH_ENV = "point at yours with a target argument or CHECKPOINTD_TARGET (H
 def unreachable_hint(target: str | None, *, point_with: str = POINT_WITH_ENV) -> str:
     """What to do when no checkpointd answered at ``target``: which target it was and how it was
     chosen, whether checkpointd is running, how to start one or point at another (``point_with``:
-    the CLI says --target, the MCP proxy its own option)."""
+    the MCP proxy names its own option)."""
     where = ""
     if target:
         origin = target_origin(target)

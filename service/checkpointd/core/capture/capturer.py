@@ -169,9 +169,10 @@ class Capturer:
             if not self.watcher.sync():
                 return []
             index = self.snapshotter.index.for_root(journal.root)
-            current = {path: (seen.kind, [w for w, known in seen.witnesses if index.get(w) == known])
-                       for path, seen in moved.items()}
-            return self.watcher.add_unreported(journal, {path: why for path, why in current.items() if why[1]})
+            # A path none of whose witnesses is still as the recheck saw it is not marked (add_unreported).
+            return self.watcher.add_unreported(journal, {
+                path: (seen.kind, [w for w, known in seen.witnesses if index.get(w) == known])
+                for path, seen in moved.items()})
         finally:
             state.lock.release()
 

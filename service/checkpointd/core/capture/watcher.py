@@ -112,7 +112,7 @@ class Changes:
 def _covered(dirty: dict[str, int], path: str, kind: int) -> bool:
     """Whether a capture taking ``dirty`` looks at ``path`` again as ``kind`` asks (ENTRY: the
     path itself; SUBTREE: all under it too): it is there so, or a directory above it is there whole."""
-    if dirty.get(path, 0) & kind or dirty.get(path, 0) & SUBTREE:
+    if dirty.get(path, 0) & (kind | SUBTREE):
         return True
     while path:
         path = path.rpartition("/")[0]
@@ -392,7 +392,7 @@ class Watcher:
         """Marks ``paths`` dirty as an event would have (call after ``sync``): each as its kind
         (ENTRY or SUBTREE; '' as SUBTREE: the whole workspace), unless the journal holds it so
         already, or holds every file that showed it (``paths``' second item: events reported
-        those); returns those marked."""
+        those; none left, nothing to mark); returns those marked."""
         with self._lock:
             if self._journals.get(journal.root) is not journal or journal.full:
                 return []
