@@ -19,6 +19,10 @@ directory whole, or the first of its directories that can no longer be entered (
 swapped for a file or for another directory, unseen under a bind mount); a root-level one makes
 the next capture scan the workspace whole.
 
+A round stats every workspace first; if anything moved it waits ``SETTLE_SECONDS`` before
+asking the watcher what it reported, so that a file caught mid-write (its event is queued when
+the write returns) or mid-unlink is not counted as missed.
+
 A file is marked when its identity (kind, inode, size, mtime, ctime) differs from the index's,
 not when the index merely holds it within its racy window (``Indexed.matches``): after a
 workspace's first checkpoint that is every file, and marking them would make the next capture
@@ -45,6 +49,10 @@ log = logging.getLogger("checkpointd.recheck")
 #: Files stat-ed between two short pauses: a recheck of a million files yields ~2,000 times.
 BATCH = 512
 PAUSE_SECONDS = 0.002
+#: How long a round that found something waits before asking the watcher what it reported. The
+#: kernel queues a write's event when the write returns, after its effect shows in the stat (an
+#: unlink's after the name is gone): a file caught mid-write must not be counted as missed.
+SETTLE_SECONDS = 0.25
 
 
 class Recheck:
@@ -74,32 +82,45 @@ class Recheck:
                 log.exception("recheck of the watched workspaces failed")
 
     def run_once(self) -> int:
-        """Rechecks every watched workspace; returns how many paths it marked."""
-        missed = 0
+        """Rechecks every watched workspace; returns how many paths it marked. Every workspace is
+        stat-ed first, then, if anything moved, the round settles once before the marks."""
+        found: list[tuple[Journal, dict[str, Unreported]]] = []
         for journal in self.watcher.journals():
             if self._stopping.is_set():
-                break
+                return 0
             try:
-                missed += self._recheck(journal)
+                moved = self._moved(journal)
             except Exception:  # one workspace's failure leaves the others rechecked
+                log.exception("recheck of %s failed", journal.root)
+                continue
+            if moved:
+                found.append((journal, moved))
+        if not found or self._stopping.wait(SETTLE_SECONDS):
+            return 0
+        missed = 0
+        for journal, moved in found:
+            try:
+                missed += self._mark_missed(journal, moved)
+            except Exception:
                 log.exception("recheck of %s failed", journal.root)
         return missed
 
-    def _recheck(self, journal: Journal) -> int:
+    def _moved(self, journal: Journal) -> dict[str, Unreported]:
+        """The paths to mark in ``journal``'s workspace, each with the indexed files that showed it."""
+        moved: dict[str, Unreported] = {}
         if journal.full:
-            return 0  # the next capture scans everything anyway
+            return moved  # the next capture scans everything anyway
         entries = sorted(self.index.for_root(journal.root).snapshot())
         if not entries:
-            return 0
-        moved: dict[str, Unreported] = {}
+            return moved
         try:
             with Workspace(journal.root).directories() as dirs:
                 root = os.fstat(dirs.fd(""))
                 if (root.st_dev, root.st_ino) != journal.identity:
-                    return 0  # another directory at the root's path: the watcher says so itself
+                    return {}  # another directory at the root's path: the watcher says so itself
                 for done, (path, known) in enumerate(entries, 1):
                     if done % BATCH == 0 and self._stopping.wait(PAUSE_SECONDS):
-                        return 0
+                        return {}
                     parent, _, name = path.rpartition("/")
                     try:
                         st = os.lstat(name, dir_fd=dirs.fd(parent))
@@ -115,14 +136,16 @@ class Recheck:
                     _mark(moved, parent, SUBTREE, path, known)
         except (OSError, UnsafePath, CheckpointdError) as exc:  # the root is gone or unreachable now
             log.debug("recheck of %s skipped: %s", journal.root, exc)
-            return 0
-        marked = self.capturer.mark_unreported(journal, moved) if moved else []
-        missed = len(marked)
+            return {}
+        return moved
+
+    def _mark_missed(self, journal: Journal, moved: dict[str, Unreported]) -> int:
+        marked = self.capturer.mark_unreported(journal, moved)
         if marked:
             log.info("recheck of %s: %d path(s) changed without a file-watcher event (a hard link outside the "
-                     "workspace, a shared mmap...); the next checkpoint captures them", journal.root, missed)
-            telemetry.watcher_missed(missed)
-        return missed
+                     "workspace, a shared mmap...); the next checkpoint captures them", journal.root, len(marked))
+            telemetry.watcher_missed(len(marked))
+        return len(marked)
 
 
 def _first_unreachable(dirs: Directories, path: str) -> str:
