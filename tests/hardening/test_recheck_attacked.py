@@ -30,8 +30,8 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture import recheck as recheck_module
+from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture.recheck import SETTLE_SECONDS, Recheck, _mark
 from tests.conftest import SERVER_ARGS, PostgresDatabases, RunningServer, serving_server
 from tests.engine.conftest import Engines, open_engines
