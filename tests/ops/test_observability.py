@@ -17,6 +17,7 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.metrics import PrometheusMetrics
+from tests.helpers import error_info
 from tests.ops.conftest import wait_until
 
 
@@ -157,7 +158,8 @@ def test_json_logs_carry_plan_checkpoint_and_request_ids(ops_server):
 
 def test_every_call_writes_exactly_one_access_line_whatever_runs_it_and_however_it_ends(ops_server):
     """Coroutine handlers (CreateCheckpoint) log from the call's done callback, plain ones (run in
-    the thread pool) at once: each call once, succeeded or failed."""
+    the thread pool) at once: each call once, succeeded or failed; a failed call's line carries
+    its ErrorInfo reason, and no other line says it again."""
     server = ops_server("--log-format", "json")
     plan_id = str(ULID())
     calls = {
@@ -172,7 +174,7 @@ def test_every_call_writes_exactly_one_access_line_whatever_runs_it_and_however_
         "get-not-found": lambda stub, md: stub.GetCheckpoint(pb.GetCheckpointRequest(checkpoint_id=str(ULID())),
                                                              timeout=30, metadata=md),
     }
-    codes = {}
+    codes, reasons = {}, {}
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         for name, call in calls.items():
@@ -181,6 +183,7 @@ def test_every_call_writes_exactly_one_access_line_whatever_runs_it_and_however_
                 codes[name] = "OK"
             except grpc.RpcError as error:
                 codes[name] = error.code().name
+                reasons[name] = error_info(error).reason
     assert codes == {"state-only-first": "OK", "state-only-on-the-loop": "OK", "create-refused": "INVALID_ARGUMENT",
                      "list-ok": "OK", "get-not-found": "NOT_FOUND"}
 
@@ -197,3 +200,9 @@ def test_every_call_writes_exactly_one_access_line_whatever_runs_it_and_however_
     logged = Counter(r["request_id"] for r in access_lines() if r.get("request_id") in calls)
     assert logged == Counter(calls.keys()), server.log()
     assert {r["request_id"]: r["code"] for r in access_lines() if r.get("request_id") in calls} == codes
+    assert {r["request_id"]: r["reason"] for r in access_lines() if "reason" in r} == reasons, server.log()
+    assert all(f"{codes[name]} {reason} " in r["message"] for name, reason in reasons.items()
+               for r in access_lines() if r.get("request_id") == name)
+    said = [r for r in (json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{"))
+            if r.get("request_id") in calls and r.get("logger") != "checkpointd.access"]
+    assert not said, f"a call's outcome logged twice: {said}"

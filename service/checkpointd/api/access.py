@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from checkpointd.api.interceptors import MethodWrapper, begin_call, is_async, outcome, shape_of
+from checkpointd.api.interceptors import MethodWrapper, begin_call, failure_reason, is_async, outcome, shape_of
 from checkpointd.core.kernel import validation
 from checkpointd.logging_setup import request_context
 
@@ -77,9 +77,14 @@ class AccessInterceptor(MethodWrapper):
         safety = _checkpoint_in(response, "safety_checkpoint")
         if safety:
             extra["safety_checkpoint_id"] = safety
+        reason = failure_reason() if code is not grpc.StatusCode.OK else ""
+        if reason:
+            extra["reason"] = reason
+        # The failure's reason is said here, not in a line of its own: one line per call.
+        shown = f"{code.name} {reason}" if reason else code.name
 
         def write(*_done: object) -> None:
-            log.log(logging.DEBUG if quiet else logging.INFO, "%s %s %.1fms", method, code.name, seconds * 1000,
+            log.log(logging.DEBUG if quiet else logging.INFO, "%s %s %.1fms", method, shown, seconds * 1000,
                     extra=extra)
 
         add_done_callback = getattr(context, "add_done_callback", None)

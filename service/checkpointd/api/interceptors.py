@@ -28,6 +28,8 @@ log = logging.getLogger("checkpointd.rpc")
 #: The code the current call was ended with by ``abort`` (the asyncio server's contexts for
 #: plain-function handlers cannot tell it afterwards).
 _aborted_with: ContextVar[grpc.StatusCode | None] = ContextVar("aborted_with", default=None)
+#: The ErrorInfo reason the current call failed with, for its access line (one line per call).
+_failed_with: ContextVar[str] = ContextVar("failed_with", default="")
 
 
 def is_async(behaviour: Callable | None) -> bool:
@@ -81,6 +83,12 @@ def begin_call() -> None:
     """Forgets how an earlier call served by this thread ended (called as a call enters the
     interceptors, and again where it enters ``ErrorInterceptor``)."""
     _aborted_with.set(None)
+    _failed_with.set("")
+
+
+def failure_reason() -> str:
+    """The ErrorInfo reason the current call failed with ('' if none is known)."""
+    return _failed_with.get()
 
 
 def outcome(context: Any, failed: bool) -> grpc.StatusCode:
@@ -104,11 +112,13 @@ def failure_status(method: str, context: Any, error: Exception, started: float) 
     ``error`` again when it is the call's abort."""
     domain = error if isinstance(error, CheckpointdError) else storage_exhausted(error)
     if domain is not None:
-        log.info("%s -> %s %s (%.1f ms)", method, domain.kind.name, domain.reason.value,
-                 (time.monotonic() - started) * 1000)
+        _failed_with.set(domain.reason.value)  # the call's access line says it
+        log.debug("%s -> %s %s (%.1f ms)", method, domain.kind.name, domain.reason.value,
+                  (time.monotonic() - started) * 1000)
         return rpc_status.to_status(to_status(domain))
     if _already_ended(context, error):
         raise error
+    _failed_with.set("INTERNAL")
     log.error("unexpected error in %s", method, exc_info=error)
     status = rich_status(grpc.StatusCode.INTERNAL, "internal error; see server log", "INTERNAL", {"method": method})
     return rpc_status.to_status(status)
