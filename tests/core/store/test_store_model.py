@@ -577,6 +577,7 @@ def test_store_model(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~4 min on a quiet 2-core machine; the suite's 300 s default is for hangs
 def test_store_model_long(tmp_path) -> None:
     _reached(run_machine(tmp_path, examples=1000, steps=60))
 
