@@ -101,3 +101,48 @@ def test_one_that_cannot_be_tightened_is_reported_and_used_as_it_is(tmp_path, mo
     assert _mode(open_file) == 0o644
     assert [r.getMessage() for r in caplog.records] == [
         f"{open_file} is readable by other users and could not be made private: Operation not permitted"] * 2
+
+
+def test_what_is_made_private_or_found_private_is_left_alone_quietly(tmp_path, open_umask, caplog):
+    """Under an open umask, what checkpointd makes is private from the start, and making or opening
+    it again changes nothing: the "was open to other users" warning is for what an earlier release
+    or a hand left open, never for checkpointd's own new files."""
+    store, database = tmp_path / "data" / "store", tmp_path / "data" / "store" / "checkpointd.db"
+    with caplog.at_level(logging.DEBUG, "checkpointd.files"):
+        private_dir(store, parents=True)
+        private_file(database)
+        private_dir(store)
+        private_file(database)
+        tighten_sqlite(database)
+        assert not tighten(store)
+        assert not tighten(database)
+    assert (_mode(store), _mode(database)) == (0o700, 0o600)
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+def test_a_symlink_swapped_in_between_the_look_and_the_change_is_not_followed(tmp_path, monkeypatch):
+    """tighten looks at the path (lstat), then changes its mode: a symlink put in its place between
+    the two (injected right after the look) must not carry the change to what it points at."""
+    outside = tmp_path / "not-checkpointds"
+    outside.write_bytes(b"a file checkpointd must not change")
+    outside.chmod(0o644)
+    database = tmp_path / "checkpointd.db"
+    database.write_bytes(b"rows")
+    database.chmod(0o644)
+    real_lstat = os.lstat
+    swapped: list[str] = []
+
+    def lstat_then_swap(path, *args, **kwargs):
+        looked = real_lstat(path, *args, **kwargs)
+        if not swapped and os.fspath(path) == str(database):
+            swapped.append(os.fspath(path))
+            os.unlink(database)
+            os.symlink(outside, database)
+        return looked
+
+    monkeypatch.setattr(os, "lstat", lstat_then_swap)
+    changed = tighten(database)
+    monkeypatch.undo()
+    assert swapped, "tighten did not look at the path"
+    assert not changed
+    assert _mode(outside) == 0o644

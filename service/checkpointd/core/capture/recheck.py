@@ -15,9 +15,11 @@ every call's path: 60,000 indexed files take 0.4 s of CPU a round here.
 
 A file written where it is (the same inode) is marked itself. One that is gone, or replaced by
 another file or by something else, is marked as the events of that would have marked it: its
-directory whole, or the first of its directories that can no longer be entered (a directory
-swapped for a file or for another directory, unseen under a bind mount); a root-level one makes
-the next capture scan the workspace whole.
+directory whole, or the first of its directories under which no indexed file is still where it
+was (a directory removed, or swapped for a file or for another directory, unseen under a bind
+mount: a directory put in another's place is entered like it, and only the inodes of the files
+it no longer holds tell them apart); a root-level one makes the next capture scan the workspace
+whole.
 
 A round stats every workspace first; if anything moved it waits ``SETTLE_SECONDS`` before
 asking the watcher what it reported, so that a file caught mid-write (its event is queued when
@@ -42,7 +44,7 @@ from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.capture.watcher import ENTRY, SUBTREE, Journal
 from checkpointd.core.kernel import telemetry
 from checkpointd.core.kernel.errors import CheckpointdError
-from checkpointd.core.workspace.workspace import Directories, UnsafePath, Workspace
+from checkpointd.core.workspace.workspace import UnsafePath, Workspace
 
 log = logging.getLogger("checkpointd.recheck")
 
@@ -113,6 +115,11 @@ class Recheck:
         entries = sorted(self.index.for_root(journal.root).snapshot())
         if not entries:
             return moved
+        #: Directories under which an indexed file is still where it was (the same inode): the
+        #: same directories as when it was indexed, not others put in their place.
+        kept: set[str] = set()
+        #: Indexed files gone from their name, or replaced there by another file or something else.
+        lost: list[tuple[str, Indexed]] = []
         try:
             with Workspace(journal.root).directories() as dirs:
                 root = os.fstat(dirs.fd(""))
@@ -125,18 +132,19 @@ class Recheck:
                     try:
                         st = os.lstat(name, dir_fd=dirs.fd(parent))
                     except (OSError, UnsafePath):
-                        # Gone: its directory changed, or one above it did, unseen.
-                        _mark(moved, _first_unreachable(dirs, path), SUBTREE, path, known)
+                        lost.append((path, known))
                         continue
                     if stat.S_ISREG(st.st_mode) and st.st_ino == known.ino:
+                        _keep_with_ancestors(kept, parent)
                         if (known.size, known.mtime_ns, known.ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
                             _mark(moved, path, ENTRY, path, known)  # written where it is
                         continue
-                    # Another file, or no file, at its name: its directory's entries changed unseen.
-                    _mark(moved, parent, SUBTREE, path, known)
+                    lost.append((path, known))
         except (OSError, UnsafePath, CheckpointdError) as exc:  # the root is gone or unreachable now
             log.debug("recheck of %s skipped: %s", journal.root, exc)
             return {}
+        for path, known in lost:
+            _mark(moved, _changed_directory(kept, path), SUBTREE, path, known)
         return moved
 
     def _mark_missed(self, journal: Journal, moved: dict[str, Unreported]) -> int:
@@ -148,18 +156,25 @@ class Recheck:
         return len(marked)
 
 
-def _first_unreachable(dirs: Directories, path: str) -> str:
-    """The directory to look at again whole for a file at ``path`` that is gone: the first of its
-    ancestors that can no longer be entered (gone, or no longer a directory), else its own
-    directory ('' for the workspace root)."""
-    parts = path.split("/")
-    for depth in range(1, len(parts)):
-        ancestor = "/".join(parts[:depth])
-        try:
-            dirs.fd(ancestor)
-        except (OSError, UnsafePath):
-            return ancestor
-    return path.rpartition("/")[0]
+def _keep_with_ancestors(kept: set[str], directory: str) -> None:
+    while directory not in kept:
+        kept.add(directory)
+        if not directory:
+            return
+        directory = directory.rpartition("/")[0]
+
+
+def _changed_directory(kept: set[str], path: str) -> str:
+    """The directory to look at again whole for an indexed file at ``path`` that is gone or
+    replaced: the first of its directories, from the root down, under which no indexed file is
+    still where it was (gone, no longer a directory, or another directory put in its place, whose
+    entries no index holds), else its own directory. '' (the root) scans the workspace whole."""
+    parts = path.split("/")[:-1]
+    for depth in range(len(parts) + 1):
+        directory = "/".join(parts[:depth])
+        if directory not in kept:
+            return directory
+    return "/".join(parts)
 
 
 def _mark(moved: dict[str, Unreported], path: str, kind: int, witness: str, known: Indexed) -> None:
