@@ -169,6 +169,10 @@ class PrometheusMetrics(telemetry.Sink):
         self.capture_seconds = Histogram("checkpointd_capture_seconds",
                                          "Workspace captures, by how the workspace was read.", ["mode"],
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.captures_abandoned = Counter("checkpointd_captures_abandoned",
+                                          "Captures stopped before their commit point, recording nothing, because "
+                                          "their caller cancelled the call or its deadline passed.",
+                                          ["operation", "cause"], registry=r)
         self.durable_seconds = Histogram("checkpointd_durable_write_seconds",
                                          "Syncs a checkpoint waits for before it is acknowledged: its new objects, "
                                          "then its metadata transaction (shared by a group commit).", ["what"],
@@ -222,6 +226,9 @@ class PrometheusMetrics(telemetry.Sink):
 
     def captured(self, mode: CaptureMode, seconds: float) -> None:
         self.capture_seconds.labels(mode.value).observe(seconds)
+
+    def capture_abandoned(self, operation: str, why: str) -> None:
+        self.captures_abandoned.labels(operation, why).inc()
 
     def made_durable(self, what: Durable, seconds: float) -> None:
         self.durable_seconds.labels(what.value).observe(seconds)

@@ -6,23 +6,29 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from types import SimpleNamespace
 
 import grpc
 import pytest
+from google.rpc import code_pb2, error_details_pb2
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc, config_service_pb2_grpc
 from checkpointd.api.checkpoint_servicer import CheckpointServicer
 from checkpointd.api.config_servicer import ConfigServicer
+from checkpointd.api.errors import to_status
 from checkpointd.api.interceptors import ErrorInterceptor
 from checkpointd.core.config.registry import ConfigStore
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.requests import EngineSettings
+from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.cancellation import Cancellation, Why
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store import content_store as store_module
 from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.workspace.workspace import Workspace
 from tests.helpers import error_info
 
 grpc_max_workers = 16
@@ -139,3 +145,67 @@ def test_concurrent_creates_on_one_plan_get_gap_free_sequences(grpc_stub, ws):
         t.join()
     assert not errors
     assert sorted(sequences) == list(range(2, 62))
+
+
+def test_a_caller_who_gives_up_stops_the_live_diff_and_the_plan_is_free(grpc_stub, ws, monkeypatch):
+    """On a sync grpc.server the call's termination callback sets its token (see
+    ``kernel.cancellation``): the deadline of a diff against the live workspace passes while its
+    capture reads .gitignore files, made slow here; it stops before the rest and is counted, and
+    the plan's next calls go through."""
+    for i in range(20):
+        (ws / f"d{i:02}").mkdir()
+        (ws / f"d{i:02}" / ".gitignore").write_text("*.log\n")
+    plan_id = str(ULID())
+    base = grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(ws)),
+                                      timeout=30).checkpoint
+    (ws / "d19" / "new.txt").write_text("new since the checkpoint\n")
+    for i in range(20):  # read again by the diff's capture
+        (ws / f"d{i:02}" / ".gitignore").write_text("*.log\n*.tmp\n")
+    reads: list[str] = []
+    real_read = Workspace.read_small
+
+    def slow_read(self, path, *args):
+        reads.append(path)
+        time.sleep(0.25)
+        return real_read(self, path, *args)
+
+    abandoned: list[tuple[str, str]] = []
+
+    class Recorder(telemetry.Sink):
+        def capture_abandoned(self, operation: str, why: str) -> None:
+            abandoned.append((operation, why))
+
+    recorder = Recorder()
+    telemetry.bind(recorder)
+    monkeypatch.setattr(Workspace, "read_small", slow_read)
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            grpc_stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=base.checkpoint_id), timeout=0.75)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        waited = threading.Event()
+        for _ in range(600):
+            if abandoned:
+                break
+            waited.wait(0.05)
+        assert abandoned == [("diff", "deadline_exceeded")]
+        assert len(reads) < 20, "the capture stopped before its last directory"
+    finally:
+        telemetry.unbind(recorder)
+        monkeypatch.undo()
+    diff = grpc_stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=base.checkpoint_id), timeout=30)
+    assert [c.path for c in diff.changes] == [*(f"d{i:02}/.gitignore" for i in range(20)), "d19/new.txt"]
+    created = grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=30)
+    assert created.checkpoint.sequence == 2 and created.checkpoint.file_count == 22
+
+
+@pytest.mark.parametrize(("why", "code"), [(Why.CANCELLED, code_pb2.CANCELLED),
+                                           (Why.DEADLINE_EXCEEDED, code_pb2.DEADLINE_EXCEEDED)])
+def test_work_given_up_on_ends_cancelled_or_deadline_exceeded_with_its_reason_never_internal(why, code):
+    """What the stopped work raises, should it reach a status (a sync server's call): the code of
+    what happened, with ErrorInfo reason CALL_ABANDONED."""
+    cancel = Cancellation()
+    cancel.cancel(why)
+    status = to_status(cancel.error())
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    assert (status.code, info.reason, info.domain) == (code, "CALL_ABANDONED", "checkpointd")

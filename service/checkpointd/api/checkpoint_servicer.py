@@ -1,4 +1,12 @@
-"""CheckpointService: proto in, domain call, proto out. No logic of its own."""
+"""CheckpointService: proto in, domain call, proto out. No logic of its own.
+
+A Rollback or a DiffCheckpoints hands the domain a ``Cancellation``, set when the caller gives up:
+on the asyncio server when the transport cancels the handler (the caller cancelled, its deadline
+passed, the server stops), on a sync server by the call's termination callback. Its capture then
+stops at its next check, unless it reached its commit point (see ``core.kernel.cancellation``).
+A CreateCheckpoint runs to its end even so: a capture abandoned at each deadline would never be
+recorded for a workspace whose capture outlasts the caller's deadline, where the one that goes on
+is the base that makes the next capture quick, and a retry with its request_id gets it."""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -18,6 +26,7 @@ from checkpointd.core.engine.contents import Contents
 from checkpointd.core.engine.pending_writes import PendingWrite
 from checkpointd.core.engine.plans import Plans
 from checkpointd.core.engine.requests import CreateRequest, RollbackRequest, Scope
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation, Why
 
 T = TypeVar("T")
 
@@ -49,9 +58,12 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         return pb.DeleteCheckpointResponse()
 
     def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.ServicerContext):
+        return self._diff(request, _cancelled_when_ended(context))
+
+    def _diff(self, request: pb.DiffCheckpointsRequest, cancel: Cancellation) -> pb.DiffCheckpointsResponse:
         paths = convert.request_paths(request.paths, request.raw_paths)
         page = self.checkpoints.diff_page(request.base_checkpoint_id, request.target_checkpoint_id, paths,
-                                          request.text_diffs, request.page_size, request.page_token)
+                                          request.text_diffs, request.page_size, request.page_token, cancel)
         texts = self.contents.text_diffs(page.base_id, page.target_id, page.changes) if request.text_diffs else {}
         listed, cut = convert.changes(page.changes, texts)  # a page also ends at 16 MiB
         more = cut + page.after
@@ -60,6 +72,9 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         return pb.DiffCheckpointsResponse(changes=listed, changes_omitted=more, next_page_token=token)
 
     def Rollback(self, request: pb.RollbackRequest, context: grpc.ServicerContext):
+        return self._rollback(request, _cancelled_when_ended(context))
+
+    def _rollback(self, request: pb.RollbackRequest, cancel: Cancellation) -> pb.RollbackResponse:
         scope = convert.from_proto_enum(convert.SCOPES, request.scope, "scope") or Scope.FILES_AND_STATE
         result = self.checkpoints.rollback(RollbackRequest(
             plan_id=request.plan_id,
@@ -70,7 +85,7 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
             request_id=request.request_id,
             current_state=request.current_state,
             allow_nested_workspaces=request.allow_nested_workspaces,
-        ))
+        ), cancel)
         listed, omitted = convert.changes(result.changes)
         response = pb.RollbackResponse(changes=listed, changes_omitted=omitted, state=result.state,
                                        dry_run=result.dry_run,
@@ -190,10 +205,14 @@ class AsyncCheckpointServicer(CheckpointServicer):
         return await self._for_plan(super().DeleteCheckpoint, request, context)
 
     async def DiffCheckpoints(self, request: pb.DiffCheckpointsRequest, context: grpc.aio.ServicerContext):
-        return await self._for_plan(super().DiffCheckpoints, request, context)
+        cancel = Cancellation()
+        with _cancelled_if_given_up(context, cancel):
+            return await self._for_plan(self._diff, request, cancel)
 
     async def Rollback(self, request: pb.RollbackRequest, context: grpc.aio.ServicerContext):
-        return await self._for_plan(super().Rollback, request, context, plan_id=request.plan_id)
+        cancel = Cancellation()
+        with _cancelled_if_given_up(context, cancel):
+            return await self._for_plan(self._rollback, request, cancel, plan_id=request.plan_id)
 
     async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
         """Yields ``make()``'s items, each read in ``executor``: no thread waits on a slow reader."""
@@ -219,6 +238,45 @@ class AsyncCheckpointServicer(CheckpointServicer):
                 self._in_thread, self.checkpoints.delete_in_plan, plan, wanted, plan_id=plan)
         listed, omitted = convert.checkpoints(deleted)
         return pb.DeleteCheckpointsResponse(checkpoints=listed, checkpoints_omitted=omitted)
+
+
+#: A call given up on this close to its deadline counts as past it: a client whose deadline passes
+#: cancels the call itself, which the server may hear of a moment before its own copy of the
+#: deadline passes (it started counting when the request arrived).
+_DEADLINE_SLACK_SECONDS = 0.1
+
+
+def _why_ended(context: Any) -> Why:
+    """Why a call ended before its handler did: its deadline passed, else it was cancelled."""
+    remaining = context.time_remaining() if context is not None else None
+    return Why.DEADLINE_EXCEEDED if remaining is not None and remaining <= _DEADLINE_SLACK_SECONDS else Why.CANCELLED
+
+
+@contextlib.contextmanager
+def _cancelled_if_given_up(context: grpc.aio.ServicerContext, cancel: Cancellation) -> Iterator[None]:
+    """Sets ``cancel`` when the handler is cancelled (the caller gave up, or the server stops)
+    while it awaits work in a thread: that work stops at its next check instead of running on."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        cancel.cancel(_why_ended(context))
+        raise
+
+
+def _cancelled_when_ended(context: grpc.ServicerContext | None) -> Cancellation:
+    """For a sync server's handler: a token set once the call has ended (its termination callback
+    runs after a handler that returned, and as soon as a caller gives up on one still working)."""
+    add_callback = getattr(context, "add_callback", None)
+    if add_callback is None:  # called directly, with no call around it
+        return NEVER
+    cancel = Cancellation()
+
+    def ended() -> None:
+        cancel.cancel(_why_ended(context))
+
+    if not add_callback(ended):  # the call has ended already
+        ended()
+    return cancel
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:

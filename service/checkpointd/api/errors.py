@@ -43,6 +43,10 @@ def status_code(kind: Kind) -> grpc.StatusCode:
             return grpc.StatusCode.DATA_LOSS
         case Kind.ABORTED:
             return grpc.StatusCode.ABORTED
+        case Kind.CANCELLED:
+            return grpc.StatusCode.CANCELLED
+        case Kind.DEADLINE_EXCEEDED:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 #: Longest status message and ErrorInfo metadata value, in UTF-8 bytes. The status travels in

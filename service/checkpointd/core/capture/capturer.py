@@ -20,7 +20,9 @@ reads of what did not change.
 
 A base is built on only while it is safe to: captures of one workspace are serialized until
 their batch is committed or aborted (an aborted batch restores the previous base and hands
-its dirty paths back to the journal); a committed capture becomes a base only once a
+its dirty paths back to the journal; a capture that fails, or whose caller gives up, see
+``snapshot.cancellation_of``, hands them back and leaves no base: the next capture scans
+fully); a committed capture becomes a base only once a
 checkpoint row references it (``record``), since garbage collection keeps only what rows
 reach; and after any deletion from the store (``deletions``) the next capture scans fully,
 re-checking every object it reuses.
@@ -51,6 +53,7 @@ from checkpointd.core.capture.snapshot import (
     ScanTally,
     Skipped,
     Snapshotter,
+    cancellation_of,
     disk_rules,
     file_mode,
     read_file,
@@ -205,8 +208,11 @@ class Capturer:
                 result = self.snapshotter.capture(workspace, disk_rules(workspace, patterns, excluded), max_size,
                                                   batch)
             else:
-                result, changes, mode = self._capture_watched(state, journal, workspace, settings, max_size, batch,
-                                                              deletions)
+                synced = self.watcher.sync()
+                # Taken here: a capture that fails (or whose caller gives up) hands them back below.
+                changes = self.watcher.take(journal)
+                result, changes, mode = self._capture_watched(state, journal, synced, changes, workspace, settings,
+                                                              max_size, batch, deletions)
             self._captured(mode, started)
         except BaseException:
             state.base = None
@@ -241,12 +247,12 @@ class Capturer:
             if state.base is not None and state.base.tree == tree:
                 state.base.recorded = True
 
-    def _capture_watched(self, state: _Root, journal: Journal, workspace: Workspace, settings: tuple,
-                         max_size: int, batch: Batch,
+    def _capture_watched(self, state: _Root, journal: Journal, synced: bool, changes: Changes, workspace: Workspace,
+                         settings: tuple, max_size: int, batch: Batch,
                          deletions: int | None) -> tuple[CaptureResult, Changes, CaptureMode]:
+        """Captures ``workspace`` from ``changes`` (taken from its journal, after a sync that
+        succeeded if ``synced``) applied to the base, else by a full scan."""
         patterns, excluded = list(settings[0]), list(settings[1])
-        synced = self.watcher.sync()
-        changes = self.watcher.take(journal)
         base = state.base
         try:
             mounts = self.mounts.under(workspace.root)
@@ -369,7 +375,9 @@ class Capturer:
                     raise _NeedFullScan("the root .gitignore changed")
                 dirty[directory] = dirty.get(directory, 0) | SUBTREE
         apply = _Delta(base, self.trees, indexed)
+        cancel = cancellation_of(batch)
         for path in sorted(dirty):
+            cancel.check()
             if _under(path, apply.replaced):
                 continue
             self._examine(path, dirty[path], apply, dirs, rules, max_size, batch, journal, indexed)

@@ -23,6 +23,7 @@ import hashlib
 import threading
 from collections.abc import Callable
 
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 from checkpointd.core.store.content_store import Batch, digest_bytes, read_source, read_source_chunk
 from checkpointd.core.store.db_store import Batch as DbBatch
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
@@ -30,6 +31,9 @@ from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
 
 class LookBatch:
     """Wraps a store's batch for one look (see the module docstring)."""
+
+    #: See ``Batch.cancel``: a large file's hashing stops between its chunks once the caller gave up.
+    cancel: Cancellation = NEVER
 
     def __init__(self, nodes: Batch | DbBatch) -> None:
         #: The store's batch the look's directory nodes are written to.
@@ -56,6 +60,7 @@ class LookBatch:
             while chunk := read_source_chunk(src_fd):
                 hasher.update(chunk)
                 size += len(chunk)
+                self.cancel.check()
             digest = hasher.hexdigest()
         with self._lock:
             self._hashed.add(digest)

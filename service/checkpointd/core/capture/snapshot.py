@@ -6,6 +6,10 @@ must be read are hashed and stored by a small thread pool (reading, hashing and
 compressing release the GIL). Once a scan has found many files to read (a first capture),
 new files go to reader processes instead (see ``readers``): what a scan does per file
 besides system calls and compression holds the GIL, so only processes use every core.
+
+A capture whose caller gave up stops at its next check of the batch's token (per directory,
+every ``CHECK_EVERY`` entries, per file read, between the chunks of a large file), raising
+``Cancelled`` once the reads it handed out have ended (see ``cancellation_of``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from checkpointd.core.capture.ignore import GITIGNORE, MAX_GITIGNORE_BYTES, Igno
 from checkpointd.core.capture.readers import Readers, TooLarge, chunks
 from checkpointd.core.capture.stat_index import Indexed, RootIndex, StatIndex
 from checkpointd.core.kernel import heap
+from checkpointd.core.kernel.cancellation import CHECK_EVERY, NEVER, Cancellation
 from checkpointd.core.store.content_store import Batch, ContentStore, UnreadableSource, digest_bytes
 from checkpointd.core.store.tree import Entry, EntryKind, Trees
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
@@ -114,6 +119,13 @@ def stored(batch: Batch, store: ContentStore, digest: str) -> bool:
     other stores' batches may lack it)."""
     reuse = getattr(batch, "reuse", None)
     return reuse(digest) if reuse is not None else store.has(digest)
+
+
+def cancellation_of(batch: Batch) -> Cancellation:
+    """The token of the operation ``batch`` is written for (see ``Batch.cancel``): a capture into
+    it checks the token per directory, every ``CHECK_EVERY`` entries, per file read and between
+    the chunks of a large file, and stops (raising ``Cancelled``) once the caller gave up."""
+    return getattr(batch, "cancel", NEVER)
 
 
 def when_finished(batch: Batch, callback: Callable[[bool], None]) -> bool:
@@ -250,7 +262,9 @@ class Snapshotter:
         children = walked.children
         to_read = walked.to_read
         handed_over = False
+        cancel = cancellation_of(batch)
         try:
+            cancel.check()
             if on_dir is not None:
                 on_dir(prefix.rstrip("/"), dir_fd)
             with os.scandir(dir_fd) as it:
@@ -259,7 +273,9 @@ class Snapshotter:
                 rules.note_absent(prefix[:-1])
             # Reader processes stat the files they open: a file with nothing indexed need not be.
             unstated = tally.readers is True
-            for de in listing:
+            for count, de in enumerate(listing, 1):
+                if not count % CHECK_EVERY:
+                    cancel.check()
                 name = de.name
                 path = prefix + name
                 if is_temp_name(name):
@@ -452,7 +468,9 @@ class Snapshotter:
         stops before changing anything).
         """
         out: dict[str, Entry] = {}
+        cancel = cancellation_of(batch)
         for path in paths:
+            cancel.check()
             parent, _, name = path.rpartition("/")
             try:
                 with workspace.dir_fd(parent) as dfd:
@@ -569,8 +587,13 @@ class _CloseWhenDone:
 
 def _read_files(dir_fd: int, names: list[tuple[str, str]], batch: Batch, closer: _CloseWhenDone | None = None,
                 max_size: int | None = None) -> list[tuple[Entry, os.stat_result] | TooLarge | None]:
+    cancel = cancellation_of(batch)
     try:
-        return [read_file(dir_fd, name, batch, similar, max_size) for name, similar in names]
+        out: list[tuple[Entry, os.stat_result] | TooLarge | None] = []
+        for name, similar in names:
+            cancel.check()
+            out.append(read_file(dir_fd, name, batch, similar, max_size))
+        return out
     finally:
         if closer is not None:
             closer.done()

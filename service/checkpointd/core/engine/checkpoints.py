@@ -4,7 +4,9 @@ A thin facade over the use cases (``create``, ``history``, ``diff``, ``rollback`
 ``recovery``), which share the engine's parts (``parts``). Operations on one plan are
 serialized, capture to commit (an in-process lock plus, on PostgreSQL, an advisory lock that
 every replica on the database takes); different plans run in parallel. Blobs are made durable
-before the metadata row that references them is committed.
+before the metadata row that references them is committed. A rollback or live diff given a
+``Cancellation`` stops its capture once it is set, if it has not reached its commit point (see
+``kernel.cancellation``); a create always runs to its end (its capture is the base of the next).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint, CreateRequest, EngineSettings, RollbackRequest, RollbackResult
 from checkpointd.core.engine.rollback import Rollbacks
 from checkpointd.core.engine.warm_up import warm_up
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import Change
@@ -101,15 +104,15 @@ class Checkpoints:
         return self._diffs.diff(base_id, target_id, paths)
 
     def diff_page(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
-                  page_size: int = 0, page_token: str = "") -> DiffPage:
-        return self._diffs.page(base_id, target_id, paths, text_diffs, page_size, page_token)
+                  page_size: int = 0, page_token: str = "", cancel: Cancellation = NEVER) -> DiffPage:
+        return self._diffs.page(base_id, target_id, paths, text_diffs, page_size, page_token, cancel)
 
     def diff_token_after(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool,
                          last: Change, remaining: int) -> str:
         return self._diffs.token_after(base_id, target_id, paths, text_diffs, last, remaining)
 
-    def rollback(self, req: RollbackRequest) -> RollbackResult:
-        return self._rollbacks.rollback(req)
+    def rollback(self, req: RollbackRequest, cancel: Cancellation = NEVER) -> RollbackResult:
+        return self._rollbacks.rollback(req, cancel)
 
     def recover_interrupted_rollbacks(self) -> list[str]:
         return self.recovery.recover_interrupted_rollbacks()

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 from checkpointd.core.capture.look import LookBatch
 from checkpointd.core.engine.filtering import PageTokens
-from checkpointd.core.engine.parts import EngineParts, not_found_if_deleted, path_subset
+from checkpointd.core.engine.parts import EngineParts, abandoned_if_cancelled, not_found_if_deleted, path_subset
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.kernel import validation
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.store.tree import Change
@@ -51,8 +52,9 @@ class Diffs:
         self.page_tokens = page_tokens
 
     def page(self, base_id: str, target_id: str, paths: tuple[str, ...], text_diffs: bool, page_size: int = 0,
-             page_token: str = "") -> DiffPage:
-        """The changes after ``page_token``'s path, at most ``page_size`` (0: all) of them."""
+             page_token: str = "", cancel: Cancellation = NEVER) -> DiffPage:
+        """The changes after ``page_token``'s path, at most ``page_size`` (0: all) of them. A capture
+        of the live workspace stops once ``cancel`` is set (see ``diff``)."""
         if page_size < 0:
             raise InvalidArgument(Reason.INVALID_PAGE_SIZE, "page_size must not be negative", page_size=page_size)
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
@@ -61,9 +63,9 @@ class Diffs:
         resume = self.page_tokens.check_after_path(page_token, scope, filter_text)
         after = () if resume is None else tuple(resume.path.split("/"))
         if target_id and resume is not None and resume.remaining is not None:
-            changes = self.diff(base_id, target_id, paths, after, limit=page_size or None)
+            changes = self.diff(base_id, target_id, paths, after, limit=page_size or None, cancel=cancel)
             return DiffPage(base_id, target_id, changes, max(0, resume.remaining - len(changes)))
-        changes = self.diff(base_id, target_id, paths, after)
+        changes = self.diff(base_id, target_id, paths, after, cancel=cancel)
         size = page_size or len(changes)
         return DiffPage(base_id, target_id, changes[:size], max(0, len(changes) - size))
 
@@ -75,9 +77,10 @@ class Diffs:
                                                  remaining if target_id else None)
 
     def diff(self, base_id: str, target_id: str = "", paths: tuple[str, ...] = (), after: tuple[str, ...] = (),
-             limit: int | None = None) -> list[Change]:
+             limit: int | None = None, cancel: Cancellation = NEVER) -> list[Change]:
         """The changes from ``base_id`` to ``target_id`` (or the live workspace) under ``paths``
-        (all when empty): those after path components ``after``, at most ``limit`` of them."""
+        (all when empty): those after path components ``after``, at most ``limit`` of them. The
+        capture of the live workspace stops once ``cancel`` is set, raising ``Cancelled``."""
         base_id = validation.checkpoint_id(base_id, "base_checkpoint_id")
         target_id = validation.checkpoint_id(target_id, "target_checkpoint_id", required=False)
         subset = path_subset(paths)
@@ -101,13 +104,13 @@ class Diffs:
         try:
             if target_id:
                 return _first(self.parts.trees.diff(base.tree_digest, target_tree, after=after), subset, limit)
-            return self._diff_live(base, plan, after, subset, limit)
+            return self._diff_live(base, plan, after, subset, limit, cancel)
         except DataLoss:
             not_found_if_deleted(self.parts.db, *filter(None, (base_id, target_id)))
             raise
 
     def _diff_live(self, base: CheckpointRow, plan: PlanRow, after: tuple[str, ...], subset: tuple[str, ...],
-                   limit: int | None) -> list[Change]:
+                   limit: int | None, cancel: Cancellation = NEVER) -> list[Change]:
         """Diff against a capture that no checkpoint references: the GC fence is held until
         the diff has read every node of it, then its batch is dropped, so that nothing builds
         on a capture garbage collection would not keep (the previous capture stays the base,
@@ -119,7 +122,8 @@ class Diffs:
             self.recovery.take_over(base.plan_id)
             batch = LookBatch(parts.store.batch())
             try:
-                live_tree = parts.capture(plan, batch)[0].tree
+                with abandoned_if_cancelled("diff", base.plan_id, cancel):
+                    live_tree = parts.capture(plan, batch, cancel)[0].tree
                 return _first(parts.trees.diff(base.tree_digest, live_tree, after=after), subset, limit)
             finally:
                 batch.abort()

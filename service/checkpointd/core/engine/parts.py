@@ -4,8 +4,10 @@ rollback journal and the group commit of new checkpoints; and the steps they sha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from sqlmodel import Session
@@ -20,8 +22,9 @@ from checkpointd.core.config.registry import IGNORE_PATTERNS, MAX_FILE_SIZE_BYTE
 from checkpointd.core.engine.plan_registry import PlanRegistry
 from checkpointd.core.engine.records import KnownPlan, NewCheckpoint, write_checkpoints
 from checkpointd.core.engine.requests import EngineSettings
-from checkpointd.core.kernel import validation
-from checkpointd.core.kernel.errors import InvalidArgument, NotFound, Reason
+from checkpointd.core.kernel import telemetry, validation
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation, Why
+from checkpointd.core.kernel.errors import Cancelled, DeadlineExceeded, InvalidArgument, NotFound, Reason
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.metadata.rows import RowWriter
@@ -89,7 +92,12 @@ class EngineParts:
         values = self.config.resolve_many([IGNORE_PATTERNS, MAX_FILE_SIZE_BYTES], plan_id)
         return values[IGNORE_PATTERNS].value, values[MAX_FILE_SIZE_BYTES].value
 
-    def capture(self, plan: PlanRow | KnownPlan, batch: Batch) -> tuple[CaptureResult, list[str], list[str]]:
+    def capture(self, plan: PlanRow | KnownPlan, batch: Batch,
+                cancel: Cancellation = NEVER) -> tuple[CaptureResult, list[str], list[str]]:
+        """Captures the plan's workspace into ``batch``. Once ``cancel`` is set, every read into
+        the batch stops at its next check (see ``snapshot.cancellation_of``), raising ``Cancelled``:
+        the caller aborts the batch, and the capturer hands the watcher's changes back."""
+        batch.cancel = cancel
         workspace = Workspace(plan.workspace_root)
         patterns, max_size = self._capture_settings(plan.plan_id)
         excluded = self._excluded_paths(plan.workspace_root)
@@ -105,6 +113,20 @@ class EngineParts:
 
     def state(self, row: CheckpointRow) -> bytes:
         return self.store.read_bytes(row.state_digest) if row.state_digest else b""
+
+
+@contextlib.contextmanager
+def abandoned_if_cancelled(operation: str, plan_id: str, cancel: Cancellation) -> Iterator[None]:
+    """Around the part of ``operation`` ("rollback", "diff") that stops when its caller
+    gives up (its capture, up to its commit point): a stop is logged, in one line, and counted."""
+    try:
+        yield
+    except Cancelled as stopped:
+        why = Why.DEADLINE_EXCEEDED if isinstance(stopped, DeadlineExceeded) else Why.CANCELLED
+        log.warning("%s of plan %s abandoned %.3f s after its caller gave up (%s): it stopped before recording "
+                    "anything", operation, plan_id, cancel.seconds_since(), why.value)
+        telemetry.capture_abandoned(operation, why.value)
+        raise
 
 
 def not_found_if_deleted(db: Database, *checkpoint_ids: str) -> None:

@@ -16,12 +16,13 @@ from checkpointd.core.capture.look import LookBatch
 from checkpointd.core.capture.stat_index import Indexed
 from checkpointd.core.engine.idempotency import fingerprint, forget_rollback, record_operation, replayed
 from checkpointd.core.engine.nesting import nested_workspaces, refusal
-from checkpointd.core.engine.parts import EngineParts, path_subset
+from checkpointd.core.engine.parts import EngineParts, abandoned_if_cancelled, path_subset
 from checkpointd.core.engine.records import NewCheckpoint, new_row
 from checkpointd.core.engine.recovery import Recovery
 from checkpointd.core.engine.requests import Checkpoint, RollbackRequest, RollbackResult, Scope
 from checkpointd.core.engine.restoring import OpenedWindows, errno_name, plan_restore, safety_state, seen_by_capture
 from checkpointd.core.kernel import validation
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 from checkpointd.core.kernel.errors import (
     CheckpointdError,
     DataLoss,
@@ -45,7 +46,7 @@ class Rollbacks:
         self.parts = parts
         self.recovery = recovery
 
-    def rollback(self, req: RollbackRequest) -> RollbackResult:
+    def rollback(self, req: RollbackRequest, cancel: Cancellation = NEVER) -> RollbackResult:
         """Restores files and/or state to a checkpoint.
 
         Order of durability: the safety checkpoint, the request_id's record and the journal entry
@@ -54,6 +55,10 @@ class Rollbacks:
         before anything else is done with the plan, this request included; one that fails part-way
         (a full disk, a write racing it) takes back what it had changed before its error is
         returned.
+
+        Once ``cancel`` is set (the caller gave up), a rollback still capturing or planning stops,
+        raising ``Cancelled``: nothing is recorded and the workspace is untouched. One whose safety
+        checkpoint is being made durable goes on to its end, and so does the restore after it.
         """
         plan_id = validation.plan_id(req.plan_id)
         checkpoint_id = validation.checkpoint_id(req.checkpoint_id)
@@ -67,13 +72,13 @@ class Rollbacks:
             request_fingerprint = fingerprint(rollback=request_fingerprint, allow_nested_workspaces=True)
         with self.parts.registry.lock(plan_id), self.parts.store.referencing():
             leftover = self.recovery.take_over(plan_id)
-            with self.parts.db.session() as session:
+            with self.parts.db.session() as session, abandoned_if_cancelled("rollback", plan_id, cancel):
                 return self._rollback_locked(session, req, plan_id, checkpoint_id, subset, request_id,
-                                             request_fingerprint, leftover)
+                                             request_fingerprint, leftover, cancel)
 
     def _rollback_locked(self, session: Session, req: RollbackRequest, plan_id: str, checkpoint_id: str,
                          subset: tuple[str, ...], request_id: str, request_fingerprint: str,
-                         leftover: JournalEntry | None) -> RollbackResult:
+                         leftover: JournalEntry | None, cancel: Cancellation) -> RollbackResult:
         parts = self.parts
         op = replayed(session, request_id, "Rollback", request_fingerprint)
         target = parts.load(session, checkpoint_id)
@@ -96,7 +101,8 @@ class Rollbacks:
         changes: list[Change] = []
         # A dry run is a look: it hashes the files it captures and stores none of them (LookBatch).
         with (LookBatch(parts.store.batch()) if req.dry_run else parts.store.batch()) as batch:
-            capture, patterns, excluded = parts.capture(plan, batch) if plan.workspace_root else (None, [], [])
+            capture, patterns, excluded = (parts.capture(plan, batch, cancel) if plan.workspace_root
+                                           else (None, [], []))
             if capture is not None and restore_files:
                 changes = plan_restore(parts, plan.workspace_root, capture, target, subset, batch)
             nested = nested_workspaces(session, parts.trees, plan_id, plan.workspace_root, changes)
@@ -105,6 +111,9 @@ class Rollbacks:
             if req.dry_run:  # the look is dropped on the way out
                 return RollbackResult(changes, parts.state(target) if req.scope.state else b"", None, True, nested)
             state_digest, state_size = safety_state(session, plan_id, req.current_state, batch)
+            # The last moment the rollback may stop (nothing recorded, no file changed): from here
+            # on its safety checkpoint is made durable and committed, and the workspace restored.
+            cancel.check()
         seen = seen_by_capture(parts, plan.workspace_root, capture, changes)
         crash_point(Point.ROLLBACK_PLANNED)
         safety = new_row(plan, capture, patterns, excluded, state_digest, state_size,

@@ -51,6 +51,7 @@ class Reason(enum.StrEnum):
     ETAG_MISMATCH = "ETAG_MISMATCH"
     PENDING_WRITES_FULL = "PENDING_WRITES_FULL"
     IGNORE_RULES_TOO_COSTLY = "IGNORE_RULES_TOO_COSTLY"
+    CALL_ABANDONED = "CALL_ABANDONED"
 
 
 class Kind(enum.Enum):
@@ -64,6 +65,8 @@ class Kind(enum.Enum):
     UNAVAILABLE = enum.auto()
     DATA_LOSS = enum.auto()
     ABORTED = enum.auto()
+    CANCELLED = enum.auto()
+    DEADLINE_EXCEEDED = enum.auto()
 
 
 class CheckpointdError(Exception):
@@ -113,3 +116,16 @@ class Aborted(CheckpointdError):
     """A concurrency conflict (AIP-154's etag): read again and retry."""
 
     kind = Kind.ABORTED
+
+
+class Cancelled(CheckpointdError):
+    """The caller gave up on the call (cancelled it) while its work had not reached its commit
+    point: the work stopped and recorded nothing (see ``kernel.cancellation``)."""
+
+    kind = Kind.CANCELLED
+
+
+class DeadlineExceeded(Cancelled):
+    """``Cancelled``, because the call's deadline passed."""
+
+    kind = Kind.DEADLINE_EXCEEDED

@@ -68,6 +68,11 @@ class Sink:
     def captured(self, mode: CaptureMode, seconds: float) -> None:
         """A workspace capture took ``seconds``."""
 
+    def capture_abandoned(self, operation: str, why: str) -> None:
+        """A capture stopped before its commit point because its caller gave up (see
+        kernel.cancellation): ``operation`` is "rollback" or "diff", ``why``
+        "cancelled" or "deadline_exceeded" (both metric labels)."""
+
     def made_durable(self, what: Durable, seconds: float) -> None:
         """A sync that a checkpoint waits for took ``seconds``: the split between the two kinds and
         the captures tells whether slow checkpoints wait for the disk or read the workspace."""
@@ -118,6 +123,10 @@ def gc_postponed() -> None:
 
 def captured(mode: CaptureMode, seconds: float) -> None:
     _sink.captured(mode, seconds)
+
+
+def capture_abandoned(operation: str, why: str) -> None:
+    _sink.capture_abandoned(operation, why)
 
 
 def made_durable(what: Durable, seconds: float) -> None:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 import zstandard
 
 from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 from checkpointd.core.kernel.errors import DataLoss, Reason
 from checkpointd.core.kernel.private_files import PRIVATE_DIR, private_dir
 from checkpointd.core.store.compaction import Compaction
@@ -588,6 +589,9 @@ class Batch:
     """Objects written together and made durable together (see module docstring)."""
 
     _rename_lock = threading.Lock()
+    #: The token of the operation the batch is written for (see ``kernel.cancellation``; a capture
+    #: sets it): a large file's read stops between its chunks once the caller gave up.
+    cancel: Cancellation = NEVER
 
     def __init__(self, store: ContentStore) -> None:
         self.store = store
@@ -765,12 +769,16 @@ class Batch:
                     hasher.update(chunk)
                     out.write(chunk)
                     size += len(chunk)
+                    self.cancel.check()
         except UnreadableSource:
             staged.unlink(missing_ok=True)
             raise
         except OSError as exc:
             staged.unlink(missing_ok=True)
             raise storage_error(exc) from exc
+        except BaseException:  # the caller gave up (Cancelled), or worse: nothing of it is kept
+            staged.unlink(missing_ok=True)
+            raise
         digest = hasher.hexdigest()
         if self._known(digest) or not self._publish(digest, _StagedFile(None, path=staged)):
             staged.unlink()

@@ -33,6 +33,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 from checkpointd.core.kernel.errors import DataLoss, Reason, ResourceExhausted
 from checkpointd.core.kernel.private_files import private_dir, private_opener
 from checkpointd.core.metadata.db import AdvisoryLock, Database
@@ -376,6 +377,10 @@ class Batch:
     Several threads of one capture may write into the same batch.
     """
 
+    #: The token of the operation the batch is written for (see ``kernel.cancellation``; a capture
+    #: sets it): a large file's read stops between its chunks once the caller gave up.
+    cancel: Cancellation = NEVER
+
     def __init__(self, store: DatabaseStore) -> None:
         self.store = store
         self._pending: dict[str, _Staged] = {}
@@ -449,12 +454,16 @@ class Batch:
                     hasher.update(chunk)
                     out.write(chunk)
                     size += len(chunk)
+                    self.cancel.check()
         except UnreadableSource:
             path.unlink(missing_ok=True)
             raise
         except OSError as exc:
             path.unlink(missing_ok=True)
             raise _storage_error(exc) from exc
+        except BaseException:  # the caller gave up (Cancelled), or worse: nothing of it is kept
+            path.unlink(missing_ok=True)
+            raise
         digest = hasher.hexdigest()
         if self.reuse(digest):
             path.unlink()
