@@ -89,6 +89,13 @@ class PackReplay:
         elif end != size:
             os.ftruncate(pack.fd, end)
             os.fsync(pack.fd)
+        elif end > durable_hint:
+            # Intact records past the last sync a process made: a committed batch's whose hint
+            # was not yet on disk, or one never made durable (aborted, a live diff's, a capture whose
+            # caller gave up, a crash), read back from the page cache. From now on they count as
+            # stored and a batch may reference them without writing them again: on disk first.
+            os.fdatasync(pack.fd)
+            recovery.synced.append((pack, end))
         pack.size = pack.durable = end
 
     def _settle_deltas(self, recovery: Recovery) -> None:
@@ -105,6 +112,16 @@ class PackReplay:
         for digest in [d for d, location in self._committed.items() if location.kind in DELTAS]:
             self._resolves(digest, recovery, resolved)
         self._prefer_shallower_records(recovery)
+        self._move_hints(recovery)
+
+    def _move_hints(self, recovery: Recovery) -> None:
+        """Once the deltas are settled: the durable hint of each pack synced on open is moved to
+        the end of its records, unless a record past the old hint was dropped (see
+        ``_stop_appending``: no hint may cover it). After the sync, so a hint never says more than
+        the disk holds."""
+        for pack, end in recovery.synced:
+            if pack.appendable:
+                os.pwrite(pack.fd, PACK_HEADER.pack(PACK_MAGIC, end)[8:], 8)
 
     def _prefer_shallower_records(self, recovery: Recovery) -> None:
         """An object indexed as a delta that has an earlier record, since its last tombstone,

@@ -175,6 +175,9 @@ class Recovery:
     #: Objects whose earlier records a ``_fall_back`` is trying: a chain that reaches one is left
     #: for that fall-back to decide, not settled (nor fallen back on again) from inside it.
     falling_back: set[str] = field(default_factory=set)
+    #: Packs synced on open because intact records lay past their durable hint, with the end of
+    #: those records: the hint is moved there once the deltas among them are settled.
+    synced: list[tuple[Pack, int]] = field(default_factory=list)
 
     def record(self, digest: str, location: Location, previous: Location | None) -> None:
         if location.kind not in DELTAS:
