@@ -4,10 +4,12 @@ integrity check, workspace mutations and canaries."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
 import re
 import stat
+import tarfile
 import urllib.request
 from pathlib import Path
 
@@ -204,3 +206,19 @@ def metric(server, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def exported(stub, checkpoint_id: str) -> dict[str, tuple]:
+    """A checkpoint's files, read back through ExportCheckpoint, in ``tests.helpers.tree_state``'s shape."""
+    data = b"".join(c.data for c in stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=checkpoint_id),
+                                                          timeout=60))
+    out: dict[str, tuple] = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        for member in archive.getmembers():
+            if member.isdir():
+                out[member.name] = ("dir", member.mode)
+            elif member.issym():
+                out[member.name] = ("symlink", member.linkname)
+            else:
+                out[member.name] = ("file", archive.extractfile(member).read(), member.mode)
+    return out

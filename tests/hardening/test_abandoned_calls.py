@@ -11,8 +11,6 @@ given back, the rows, the workspace, fsck), never how fast."""
 
 from __future__ import annotations
 
-import io
-import tarfile
 import threading
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from tests.hardening.support import assert_fsck_clean, list_all, metric, pending_rollbacks, start_with_faults
+from tests.hardening.support import assert_fsck_clean, exported, list_all, metric, pending_rollbacks, start_with_faults
 from tests.helpers import tree_state
 
 #: Directories of the slow workspaces, each with a .gitignore: one slow read each.
@@ -47,22 +45,6 @@ def _slow_workspace(root: Path) -> None:
         (directory / "notes.txt").write_text(f"notes {i}\n")
         (directory / "skipped.log").write_text("ignored\n")
     (root / "big.bin").write_bytes(bytes(range(256)) * (12 * 1024))  # 3 MiB: read in chunks
-
-
-def _exported(stub, checkpoint_id: str) -> dict[str, tuple]:
-    """A checkpoint's files, read back through ExportCheckpoint, in ``tree_state``'s shape."""
-    data = b"".join(c.data for c in stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=checkpoint_id),
-                                                          timeout=60))
-    out: dict[str, tuple] = {}
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        for member in archive.getmembers():
-            if member.isdir():
-                out[member.name] = ("dir", member.mode)
-            elif member.issym():
-                out[member.name] = ("symlink", member.linkname)
-            else:
-                out[member.name] = ("file", archive.extractfile(member).read(), member.mode)
-    return out
 
 
 def _captured(root: Path) -> dict[str, tuple]:
@@ -147,13 +129,13 @@ def test_a_create_whose_deadline_passes_mid_capture_runs_to_its_end_and_its_retr
             waited.wait(0.05)
         [_, recorded] = list_all(stub, plan_id)
         assert recorded.description == "given up on" and recorded.sequence == 2
-        assert _exported(stub, recorded.checkpoint_id) == _captured(root)
+        assert exported(stub, recorded.checkpoint_id) == _captured(root)
         assert stub.CreateCheckpoint(request, timeout=120).checkpoint.checkpoint_id == recorded.checkpoint_id
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [first.checkpoint_id, recorded.checkpoint_id]
         (root / "d01" / "notes.txt").write_text("changed after the retry\n")
         (root / "new.txt").unlink()
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, after.checkpoint_id) == _captured(root)
+        assert exported(stub, after.checkpoint_id) == _captured(root)
     assert metric(server, _abandoned("create", "deadline_exceeded")) == 0
     assert "abandoned" not in server.log()
     server.stop()
@@ -206,7 +188,7 @@ def test_a_rollback_cancelled_during_its_safety_capture_changes_nothing_and_its_
         reply = stub.Rollback(request, timeout=120)
         ignored = {path: value for path, value in before.items() if path.endswith(".log")}
         assert tree_state(root) == {**wanted, **ignored}
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == {
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == {
             path: value for path, value in before.items() if not path.endswith(".log")}
         assert stub.Rollback(request, timeout=120).safety_checkpoint.checkpoint_id == \
             reply.safety_checkpoint.checkpoint_id
@@ -260,7 +242,7 @@ def test_a_rollback_cancelled_once_its_safety_checkpoint_is_committed_runs_to_it
         replayed = stub.Rollback(request, timeout=60)
         [_, safety] = list_all(stub, plan_id)
         assert replayed.safety_checkpoint.checkpoint_id == safety.checkpoint_id
-        assert _exported(stub, safety.checkpoint_id) == before
+        assert exported(stub, safety.checkpoint_id) == before
         assert tree_state(root) == wanted
     assert metric(server, _abandoned("rollback", "cancelled")) == 0
     assert "abandoned" not in server.log()

@@ -23,9 +23,7 @@ Defects these tests found (fixed):
 
 from __future__ import annotations
 
-import io
 import signal
-import tarfile
 import tempfile
 import threading
 from pathlib import Path
@@ -38,7 +36,7 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.core.store.packs import PACK_HEADER
 from tests.conftest import RunningServer
-from tests.hardening.support import assert_fsck_clean, list_all, metric, pending_rollbacks, start_with_faults
+from tests.hardening.support import assert_fsck_clean, exported, list_all, metric, pending_rollbacks, start_with_faults
 from tests.helpers import tree_state
 
 #: Directories of the workspaces, each with a .gitignore: one read (a fault point) each.
@@ -73,22 +71,6 @@ def _populate(root: Path) -> None:
 def _captured(root: Path) -> dict[str, tuple]:
     """What a checkpoint of ``root`` must hold: everything but the ignored files."""
     return {path: value for path, value in tree_state(root).items() if not path.endswith(".log")}
-
-
-def _exported(stub, checkpoint_id: str) -> dict[str, tuple]:
-    """A checkpoint's files, read back through ExportCheckpoint, in ``tree_state``'s shape."""
-    data = b"".join(c.data for c in stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=checkpoint_id),
-                                                          timeout=60))
-    out: dict[str, tuple] = {}
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        for member in archive.getmembers():
-            if member.isdir():
-                out[member.name] = ("dir", member.mode)
-            elif member.issym():
-                out[member.name] = ("symlink", member.linkname)
-            else:
-                out[member.name] = ("file", archive.extractfile(member).read(), member.mode)
-    return out
 
 
 def _wait(condition, what: str, server) -> None:
@@ -194,17 +176,17 @@ def test_a_rollback_given_up_with_a_create_queued_and_writes_racing_its_capture(
         assert tree_state(root) == before, "a rollback given up on in its capture changes no file"
         assert pending_rollbacks(server) == []
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id, created.checkpoint_id]
-        assert _exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == _captured(root)
 
         _edit(root, "after")
         (root / "fresh" / "x.txt").write_text("changed after\n")
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, after.checkpoint_id) == _captured(root)
+        assert exported(stub, after.checkpoint_id) == _captured(root)
 
         current = _captured(root)
         reply = stub.Rollback(rollback, timeout=120)
         assert _captured(root) == wanted
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == current
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == current
     assert pending_rollbacks(server) == []
     server.stop()
     _assert_log_sane(server)
@@ -238,7 +220,7 @@ def test_a_live_diff_given_up_on_poisons_nothing_the_next_capture_builds_on(idle
         faults.resume("workspace.read")
         _wait(lambda: metric(server, _abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == _captured(root)
         live = stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=created.checkpoint_id),
                                     timeout=120)
         assert list(live.changes) == []
@@ -276,7 +258,7 @@ def test_a_rollback_given_up_on_right_after_its_last_check_runs_to_its_end(idle_
         faults.resume("rollback.planned")
         _wait(lambda: _captured(root) == wanted and not pending_rollbacks(server), "the restore", server)
         [_, safety] = list_all(stub, plan_id)
-        assert _exported(stub, safety.checkpoint_id) == before
+        assert exported(stub, safety.checkpoint_id) == before
         assert stub.Rollback(request, timeout=60).safety_checkpoint.checkpoint_id == safety.checkpoint_id
         assert _captured(root) == wanted
     assert metric(server, _abandoned("rollback", "cancelled")) == 0
@@ -317,7 +299,7 @@ def test_a_rollback_given_up_on_while_it_waits_for_its_plan_never_happens_later(
         assert pending_rollbacks(server) == []
         reply = stub.Rollback(request, timeout=120)
         assert _captured(root) == wanted
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == _exported(stub, later.checkpoint_id)
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == exported(stub, later.checkpoint_id)
     server.stop()
     _assert_log_sane(server)
     assert_fsck_clean(server)
@@ -356,7 +338,7 @@ def test_a_server_stopped_during_a_rollbacks_capture_stops_it_and_restarts_clean
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
         reply = stub.Rollback(request, timeout=120)
         assert _captured(root) == wanted
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == {
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == {
             p: v for p, v in before.items() if not p.endswith(".log")}
     server.stop()
     _assert_log_sane(server)
@@ -396,7 +378,7 @@ def test_a_server_killed_right_after_a_rollback_was_abandoned_recovers_clean(idl
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
         reply = stub.Rollback(request, timeout=120)
         assert _captured(root) == wanted
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == {
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == {
             p: v for p, v in before.items() if not p.endswith(".log")}
     server.stop()
     _assert_log_sane(server)
@@ -461,18 +443,18 @@ def test_a_rollback_retried_after_an_abandoned_one_and_a_crash_has_its_safety_ch
         reply = stub.Rollback(request, timeout=120)
         safety = reply.safety_checkpoint.checkpoint_id
         assert _captured(root) == wanted
-        assert _exported(stub, safety) == before
+        assert exported(stub, safety) == before
     server.stop()
     cut = _lose_what_no_sync_covered(server)
     _start(server, faults, **rotate)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         try:
-            exported = _exported(stub, safety)
+            restored = exported(stub, safety)
         except grpc.RpcError as error:
             raise AssertionError(f"the safety checkpoint lost files to a power loss after it was acknowledged "
                                  f"({error.code().name}: {error.details()}); packs cut: {cut}") from None
-        assert exported == before, f"packs cut: {cut}"
+        assert restored == before, f"packs cut: {cut}"
     server.stop()
     assert_fsck_clean(server)
 
@@ -522,7 +504,7 @@ def test_a_rollback_given_up_on_while_another_replica_holds_the_plan_never_happe
             assert pending_rollbacks(second) == []
             reply = stub_b.Rollback(request, timeout=120)
             assert _captured(root) == wanted
-            assert _exported(stub_a, reply.safety_checkpoint.checkpoint_id) == _exported(stub_a, held.checkpoint_id)
+            assert exported(stub_a, reply.safety_checkpoint.checkpoint_id) == exported(stub_a, held.checkpoint_id)
         for server in servers:
             server.stop()
             _assert_log_sane(server)
@@ -585,11 +567,11 @@ def test_a_rollback_given_up_on_while_reader_processes_read_for_it(idle_server, 
         assert pending_rollbacks(server) == []
         (root / "d11" / "many000.txt").write_text("third\n")
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == _captured(root)
         current = _captured(root)
         reply = stub.Rollback(request, timeout=120)
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == current
-        assert _exported(stub, first.checkpoint_id) == _captured(root)
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == current
+        assert exported(stub, first.checkpoint_id) == _captured(root)
     server.stop()
     _assert_log_sane(server)
     assert_fsck_clean(server)
@@ -654,7 +636,7 @@ def test_calls_given_up_on_at_random_moments_while_garbage_collection_runs(idle_
                 pass  # it went past its commit point and restored its target
             else:
                 assert tree_state(root) == before, f"step {step}: a {kind} given up on changed the workspace"
-            assert _exported(stub, settled.checkpoint_id) == now, f"step {step} ({kind})"
+            assert exported(stub, settled.checkpoint_id) == now, f"step {step} ({kind})"
             recorded[settled.checkpoint_id] = now
             kept.append(settled.checkpoint_id)
             if len(kept) > 4:
@@ -669,7 +651,7 @@ def test_calls_given_up_on_at_random_moments_while_garbage_collection_runs(idle_
         assert _open_fds(server) <= max(fds[1:]) + 4, (fds, _open_fds(server))
         for checkpoint_id, files in recorded.items():
             assert checkpoint_id in listed
-            assert _exported(stub, checkpoint_id) == files
+            assert exported(stub, checkpoint_id) == files
     server.stop()
     _assert_log_sane(server)
     assert_fsck_clean(server)
@@ -709,14 +691,14 @@ def test_an_incremental_capture_given_up_on_with_writes_racing_it_leaves_the_nex
         _wait(lambda: metric(server, _abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == _captured(root)
         (root / "d04" / "notes.txt").write_text("after the create\n")
         (root / "fresh" / "y.txt").write_text("after the create\n")
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, after.checkpoint_id) == _captured(root)
+        assert exported(stub, after.checkpoint_id) == _captured(root)
         reply = stub.Rollback(request, timeout=120)
         assert _captured(root) == wanted
-        assert _exported(stub, reply.safety_checkpoint.checkpoint_id) == _exported(stub, after.checkpoint_id)
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == exported(stub, after.checkpoint_id)
     server.stop()
     _assert_log_sane(server)
     assert_fsck_clean(server)
@@ -754,17 +736,17 @@ def test_a_create_after_a_live_diff_given_up_on_and_a_crash_has_its_objects_dura
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert _exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == _captured(root)
     server.stop()
     cut = _lose_what_no_sync_covered(server)
     _start(server, faults, **rotate)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         try:
-            exported = _exported(stub, created.checkpoint_id)
+            recorded = exported(stub, created.checkpoint_id)
         except grpc.RpcError as error:
             raise AssertionError(f"the checkpoint lost files to a power loss after it was acknowledged "
                                  f"({error.code().name}: {error.details()}); packs cut: {cut}") from None
-        assert exported == _captured(root), f"packs cut: {cut}"
+        assert recorded == _captured(root), f"packs cut: {cut}"
     server.stop()
     assert_fsck_clean(server)

@@ -19,12 +19,10 @@ exact; through real servers (offline ``checkpointd gc --compact``, restarts, fsc
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import random
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -49,7 +47,7 @@ from checkpointd.core.store.db_store import open_store
 from checkpointd.core.store.tree import Change, EntryKind
 from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
 from tests.conftest import CHECKPOINTD, SERVER_ARGS, PostgresDatabases, RunningServer, serving_server
-from tests.hardening.support import assert_fsck_clean, start_with_faults
+from tests.hardening.support import assert_fsck_clean, exported, start_with_faults
 from tests.helpers import checkpoint_files, checkpoint_id_of, tree_state
 
 # -- in process ----------------------------------------------------------------------------------
@@ -613,21 +611,6 @@ def _between(stub, base: str, target: str) -> list[tuple]:
     return [(c.path, c.kind, c.target_size_bytes) for c in reply.changes]
 
 
-def _exported(stub, checkpoint_id: str) -> dict[str, tuple]:
-    """A checkpoint's files, read back through ExportCheckpoint, in ``tree_state``'s shape."""
-    data = b"".join(c.data for c in stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=checkpoint_id)))
-    out: dict[str, tuple] = {}
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        for member in archive.getmembers():
-            if member.isdir():
-                out[member.name] = ("dir", member.mode)
-            elif member.issym():
-                out[member.name] = ("symlink", member.linkname)
-            else:
-                out[member.name] = ("file", archive.extractfile(member).read(), member.mode)
-    return out
-
-
 def _read(stub, checkpoint_id: str, path: str) -> bytes:
     return b"".join(c.data for c in stub.ReadCheckpointFile(
         pb.ReadCheckpointFileRequest(checkpoint_id=checkpoint_id, path=path)))
@@ -662,7 +645,7 @@ def test_looks_interleaved_with_shared_content_survive_gc_compaction_and_restart
         a1 = checkpoint_id_of(stub, plan_a)
         assert _between(stub, a0, a1) == first
         expected = tree_state(root_a)
-        assert _exported(stub, a1) == expected
+        assert exported(stub, a1) == expected
         assert _read(stub, a1, "x/big.bin") == shared["big.bin"]
     server.stop()
     _gc_compact(server)
@@ -670,7 +653,7 @@ def test_looks_interleaved_with_shared_content_survive_gc_compaction_and_restart
     server.start()
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
-        assert _exported(stub, a1) == expected
+        assert exported(stub, a1) == expected
         assert _look(stub, a1) == []
 
 
@@ -693,7 +676,7 @@ def test_a_look_stores_nothing_in_the_database_store(short_tmp: Path,
             assert running.object_count() == before, "a look stored objects"
             a1 = checkpoint_id_of(stub, plan)
             assert running.object_count() > before
-            assert _exported(stub, a1) == tree_state(root)
+            assert exported(stub, a1) == tree_state(root)
     finally:
         generator.close()
 
@@ -746,8 +729,8 @@ def test_concurrent_looks_and_checkpoints_over_grpc_never_fail(server: RunningSe
         if errors:
             raise errors[0]
         assert all(look == expected for look in looks)
-        assert _exported(stub, made[-1]) == tree_state(root_a)
-        assert _exported(stub, made[-2]) == tree_state(root_b)
+        assert exported(stub, made[-1]) == tree_state(root_a)
+        assert exported(stub, made[-2]) == tree_state(root_b)
 
 
 KNOBS = {"CHECKPOINTD_TREE_SPLIT_ENTRIES": "8", "CHECKPOINTD_PACK_ROTATE_BYTES": "65536"}
@@ -806,12 +789,12 @@ def test_looks_at_split_directories_with_small_packs_survive_gc_and_restarts(kno
         a1 = checkpoint_id_of(stub, plan_a)
         assert _between(stub, a0, a1) == first
         expected = tree_state(root_a)
-        assert _exported(stub, a1) == expected
+        assert exported(stub, a1) == expected
     server.stop()
     _gc_compact(server, KNOBS)
     assert_fsck_clean(server)
     start_with_faults(server, **KNOBS)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
-        assert _exported(stub, a1) == expected
+        assert exported(stub, a1) == expected
         assert _look(stub, a1) == []
