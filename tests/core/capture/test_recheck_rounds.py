@@ -264,18 +264,14 @@ def _many(engines: Engines) -> None:
     _indexed(engines, {f"d{n % 3}/f{n:04d}.txt": b"" for n in range(MANY - 1)} | {"zz-last.txt": b"checked last\n"})
 
 
-def test_a_round_over_a_bigger_workspace_marks_an_unseen_write_within_a_second(engines):
-    """The real servers' budget from an unseen write to the checkpoint that must hold it is 2 s
-    with rechecks every 0.05 s (test_recheck_attacked's racing test): a write landing just after
-    a round stat-ed its file waits for that round and the whole next one, so a round (its stats,
-    its short pauses, its settling) must take well under a second. 1,500 files take ~0.3 s here."""
+def test_a_round_over_a_bigger_workspace_marks_an_unseen_write_in_its_last_file(engines):
+    """A round over 1,500 files (three batches, with pauses between them) reaches the last one
+    and marks the unseen write there. How long a round takes is the bench's to say, not a test's."""
     _many(engines)
     _rewrite_unseen(engines.root / "zz-last.txt", b"CHECKED LAST, unseen\n")
     _hide_from_watcher(engines)
-    started = time.monotonic()
     assert Recheck(engines.watched, 3600).run_once() == 1
-    took = time.monotonic() - started
-    assert took < 1.0, f"a round over {MANY} files took {took:.2f} s"
+    assert _journal(engines).dirty == {"zz-last.txt": ENTRY}
     engines.check(expect="any")
 
 

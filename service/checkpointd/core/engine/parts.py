@@ -24,7 +24,7 @@ from checkpointd.core.engine.records import KnownPlan, NewCheckpoint, write_chec
 from checkpointd.core.engine.requests import EngineSettings
 from checkpointd.core.kernel import telemetry, validation
 from checkpointd.core.kernel.cancellation import NEVER, Cancellation, Why
-from checkpointd.core.kernel.errors import Cancelled, DeadlineExceeded, InvalidArgument, NotFound, Reason
+from checkpointd.core.kernel.errors import Cancelled, InvalidArgument, NotFound, Reason
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, PlanRow
 from checkpointd.core.metadata.rows import RowWriter
@@ -121,8 +121,8 @@ def abandoned_if_cancelled(operation: str, plan_id: str, cancel: Cancellation) -
     gives up (its capture, up to its commit point): a stop is logged, in one line, and counted."""
     try:
         yield
-    except Cancelled as stopped:
-        why = Why.DEADLINE_EXCEEDED if isinstance(stopped, DeadlineExceeded) else Why.CANCELLED
+    except Cancelled:
+        why = cancel.why or Why.CANCELLED  # the token that raised says why
         log.warning("%s of plan %s abandoned %.3f s after its caller gave up (%s): it stopped before recording "
                     "anything", operation, plan_id, cancel.seconds_since(), why.value)
         telemetry.capture_abandoned(operation, why.value)

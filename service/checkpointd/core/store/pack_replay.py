@@ -121,7 +121,7 @@ class PackReplay:
         the disk holds."""
         for pack, end in recovery.synced:
             if pack.appendable:
-                os.pwrite(pack.fd, PACK_HEADER.pack(PACK_MAGIC, end)[8:], 8)
+                pack.write_hint(end)
 
     def _prefer_shallower_records(self, recovery: Recovery) -> None:
         """An object indexed as a delta that has an earlier record, since its last tombstone,

@@ -243,8 +243,13 @@ class Pack:
             except OSError as exc:
                 raise storage_error(exc) from exc
             self.durable = target
-            # A hint for recovery, made durable by the next sync: records before it need no check.
-            os.pwrite(self.fd, struct.pack(">Q", target), 8)
+            self.write_hint(target)
+
+    def write_hint(self, durable: int) -> None:
+        """Records in the header that the pack is on disk up to ``durable`` (call after the sync
+        that made it so): a hint for recovery, made durable by the next sync, that the records
+        before it need no check."""
+        os.pwrite(self.fd, struct.pack(">Q", durable), 8)
 
     def read(self, location: Location) -> bytes:
         data = os.pread(self.fd, location.length, location.offset)
