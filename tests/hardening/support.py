@@ -208,6 +208,17 @@ def metric(server, name: str) -> float:
     return 0.0
 
 
+def handled(method: str, code: str) -> str:
+    """The name of the metric counting CheckpointService ``method`` calls that ended with ``code``."""
+    return (f'checkpointd_grpc_server_handled_total{{grpc_code="{code}",grpc_method="{method}",'
+            'grpc_service="checkpoint.v1.CheckpointService"}')
+
+
+def abandoned(operation: str, cause: str) -> str:
+    """The name of the metric counting captures of ``operation`` stopped because the caller gave up."""
+    return f'checkpointd_captures_abandoned_total{{cause="{cause}",operation="{operation}"}}'
+
+
 def exported(stub, checkpoint_id: str) -> dict[str, tuple]:
     """A checkpoint's files, read back through ExportCheckpoint, in ``tests.helpers.tree_state``'s shape."""
     data = b"".join(c.data for c in stub.ExportCheckpoint(pb.ExportCheckpointRequest(checkpoint_id=checkpoint_id),

@@ -11,6 +11,7 @@ given back, the rows, the workspace, fsck), never how fast."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -20,7 +21,16 @@ from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from tests.hardening.support import assert_fsck_clean, exported, list_all, metric, pending_rollbacks, start_with_faults
+from tests.hardening.support import (
+    abandoned,
+    assert_fsck_clean,
+    exported,
+    handled,
+    list_all,
+    metric,
+    pending_rollbacks,
+    start_with_faults,
+)
 from tests.helpers import tree_state
 
 #: Directories of the slow workspaces, each with a .gitignore: one slow read each.
@@ -31,10 +41,6 @@ SLOW_SECONDS = 0.4
 GIVE_UP_SECONDS = 1.0
 #: How long a test waits for the server to stop the work given up on (it is done long before).
 WAIT_SECONDS = 60.0
-
-
-def _abandoned(operation: str, cause: str) -> str:
-    return f'checkpointd_captures_abandoned_total{{cause="{cause}",operation="{operation}"}}'
 
 
 def _slow_workspace(root: Path) -> None:
@@ -55,8 +61,7 @@ def _captured(root: Path) -> dict[str, tuple]:
 def _wait_until_given_up(server, method: str) -> None:
     """Returns once the server has ended its handler of a ``method`` call the caller cancelled: the
     work that call runs in a thread has been told (the handler sets its token as it ends)."""
-    counter = (f'checkpointd_grpc_server_handled_total{{grpc_code="CANCELLED",grpc_method="{method}",'
-               'grpc_service="checkpoint.v1.CheckpointService"}')
+    counter = handled(method, "CANCELLED")
     waited = threading.Event()
     for _ in range(int(WAIT_SECONDS / 0.05)):
         if metric(server, counter) >= 1:
@@ -118,7 +123,7 @@ def test_a_create_whose_deadline_passes_mid_capture_runs_to_its_end_and_its_retr
         reached_the_end = handshake / "paused.workspace.read"
         waited = threading.Event()
         for _ in range(int(WAIT_SECONDS / 0.05)):
-            if reached_the_end.exists() or metric(server, _abandoned("create", "deadline_exceeded")):
+            if reached_the_end.exists() or metric(server, abandoned("create", "deadline_exceeded")):
                 break
             waited.wait(0.05)
         assert reached_the_end.exists(), f"the create given up on did not go on to its last directory:\n{server.log()}"
@@ -136,8 +141,11 @@ def test_a_create_whose_deadline_passes_mid_capture_runs_to_its_end_and_its_retr
         (root / "new.txt").unlink()
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
         assert exported(stub, after.checkpoint_id) == _captured(root)
-    assert metric(server, _abandoned("create", "deadline_exceeded")) == 0
+    assert metric(server, abandoned("create", "deadline_exceeded")) == 0
     assert "abandoned" not in server.log()
+    # The call is recorded as its caller saw it end, though its capture went on.
+    assert metric(server, handled("CreateCheckpoint", "DEADLINE_EXCEEDED")) == 1
+    assert re.search(r"CreateCheckpoint DEADLINE_EXCEEDED \S+ms", server.log()), server.log()
     server.stop()
     assert_fsck_clean(server)
 
@@ -172,7 +180,7 @@ def test_a_rollback_cancelled_during_its_safety_capture_changes_nothing_and_its_
         call = stub.Rollback.future(request, timeout=120)
         threading.Event().wait(GIVE_UP_SECONDS)  # a few directories into the safety capture
         assert call.cancel(), "the rollback ended before it was cancelled"
-        _wait_until_stopped(server, handshake, _abandoned("rollback", "cancelled"))
+        _wait_until_stopped(server, handshake, abandoned("rollback", "cancelled"))
         assert server.log().count(f"rollback of plan {plan_id} abandoned") == 1, server.log()
         assert tree_state(root) == before, "a rollback stopped in its safety capture changed nothing"
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
@@ -182,7 +190,11 @@ def test_a_rollback_cancelled_during_its_safety_capture_changes_nothing_and_its_
             stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=target.checkpoint_id),
                                  timeout=GIVE_UP_SECONDS)
         assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, gave_up.value.details()
-        _wait_until_stopped(server, handshake, _abandoned("diff", "deadline_exceeded"))
+        _wait_until_stopped(server, handshake, abandoned("diff", "deadline_exceeded"))
+        # Recorded as the caller saw it, not as the transport ended the handler (CANCELLED).
+        assert metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) == 1
+        assert metric(server, handled("DiffCheckpoints", "CANCELLED")) == 0
+        assert metric(server, handled("Rollback", "CANCELLED")) == 1
 
         (handshake / "resume.workspace.read").touch()
         reply = stub.Rollback(request, timeout=120)
@@ -244,7 +256,7 @@ def test_a_rollback_cancelled_once_its_safety_checkpoint_is_committed_runs_to_it
         assert replayed.safety_checkpoint.checkpoint_id == safety.checkpoint_id
         assert exported(stub, safety.checkpoint_id) == before
         assert tree_state(root) == wanted
-    assert metric(server, _abandoned("rollback", "cancelled")) == 0
+    assert metric(server, abandoned("rollback", "cancelled")) == 0
     assert "abandoned" not in server.log()
     server.stop()
     assert_fsck_clean(server)

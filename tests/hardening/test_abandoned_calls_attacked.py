@@ -36,7 +36,16 @@ from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.core.store.packs import PACK_HEADER
 from tests.conftest import RunningServer
-from tests.hardening.support import assert_fsck_clean, exported, list_all, metric, pending_rollbacks, start_with_faults
+from tests.hardening.support import (
+    abandoned,
+    assert_fsck_clean,
+    exported,
+    handled,
+    list_all,
+    metric,
+    pending_rollbacks,
+    start_with_faults,
+)
 from tests.helpers import tree_state
 
 #: Directories of the workspaces, each with a .gitignore: one read (a fault point) each.
@@ -45,15 +54,6 @@ DIRECTORIES = 12
 PAUSE_AT = 4
 #: How long a test waits for what the server does (it is done long before).
 WAIT_SECONDS = 60.0
-SERVICE = 'grpc_service="checkpoint.v1.CheckpointService"'
-
-
-def _abandoned(operation: str, cause: str) -> str:
-    return f'checkpointd_captures_abandoned_total{{cause="{cause}",operation="{operation}"}}'
-
-
-def _handled(method: str, code: str) -> str:
-    return f'checkpointd_grpc_server_handled_total{{grpc_code="{code}",grpc_method="{method}",{SERVICE}}}'
 
 
 def _populate(root: Path) -> None:
@@ -167,11 +167,11 @@ def test_a_rollback_given_up_with_a_create_queued_and_writes_racing_its_capture(
         queued = stub.CreateCheckpoint.future(pb.CreateCheckpointRequest(plan_id=plan_id, description="queued"),
                                               timeout=120)
         assert call.cancel(), "the rollback ended before it was given up on"
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         before = tree_state(root)
         faults.resume("workspace.read")
         created = queued.result().checkpoint
-        _wait(lambda: metric(server, _abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert _full_log(server).count(f"rollback of plan {plan_id} abandoned") == 1
         assert tree_state(root) == before, "a rollback given up on in its capture changes no file"
         assert pending_rollbacks(server) == []
@@ -213,12 +213,12 @@ def test_a_live_diff_given_up_on_poisons_nothing_the_next_capture_builds_on(idle
                                            timeout=2.0)
         faults.wait_paused("workspace.read", server, call)
         assert call.exception(timeout=30).code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        _wait(lambda: metric(server, _handled("DiffCheckpoints", "CANCELLED")) >= 1,
+        _wait(lambda: metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) >= 1,
               "the handler ended", server)
         (root / "d00" / "notes.txt").write_text("x" * len("looked-at 0\n"))  # same size, new content
         (root / "d02" / "notes.txt").write_text("changed after the look\n")
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, _abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
+        _wait(lambda: metric(server, abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
         assert exported(stub, created.checkpoint_id) == _captured(root)
         live = stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=created.checkpoint_id),
@@ -254,14 +254,14 @@ def test_a_rollback_given_up_on_right_after_its_last_check_runs_to_its_end(idle_
         call = stub.Rollback.future(request, timeout=120)
         faults.wait_paused("rollback.planned", server, call)
         assert call.cancel()
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("rollback.planned")
         _wait(lambda: _captured(root) == wanted and not pending_rollbacks(server), "the restore", server)
         [_, safety] = list_all(stub, plan_id)
         assert exported(stub, safety.checkpoint_id) == before
         assert stub.Rollback(request, timeout=60).safety_checkpoint.checkpoint_id == safety.checkpoint_id
         assert _captured(root) == wanted
-    assert metric(server, _abandoned("rollback", "cancelled")) == 0
+    assert metric(server, abandoned("rollback", "cancelled")) == 0
     assert "abandoned" not in _full_log(server)
     server.stop()
     _assert_log_sane(server)
@@ -287,7 +287,7 @@ def test_a_rollback_given_up_on_while_it_waits_for_its_plan_never_happens_later(
         with pytest.raises(grpc.RpcError) as gave_up:
             stub.Rollback(request, timeout=1.0)
         assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "DEADLINE_EXCEEDED")) >= 1, "the handler ended", server)
         before = tree_state(root)
         faults.resume("create.captured")
         held = holding.result().checkpoint
@@ -365,9 +365,9 @@ def test_a_server_killed_right_after_a_rollback_was_abandoned_recovers_clean(idl
         call = stub.Rollback.future(request, timeout=120)
         faults.wait_paused("workspace.read", server, call)
         assert call.cancel()
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, _abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
     server.kill()
     assert tree_state(root) == before
     assert pending_rollbacks(server) == []
@@ -433,9 +433,9 @@ def test_a_rollback_retried_after_an_abandoned_one_and_a_crash_has_its_safety_ch
         call = stub.Rollback.future(request, timeout=120)
         faults.wait_paused("workspace.read", server, call)
         assert call.cancel()
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, _abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
     server.kill()
     _start(server, faults, **rotate)
     with grpc.insecure_channel(server.tcp_target) as channel:
@@ -492,11 +492,11 @@ def test_a_rollback_given_up_on_while_another_replica_holds_the_plan_never_happe
             with pytest.raises(grpc.RpcError) as gave_up:
                 stub_b.Rollback(request, timeout=1.0)
             assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-            _wait(lambda: metric(second, _handled("Rollback", "CANCELLED")) >= 1, "B ended the handler", second)
+            _wait(lambda: metric(second, handled("Rollback", "DEADLINE_EXCEEDED")) >= 1, "B ended the handler", second)
             before = tree_state(root)
             faults.resume("create.captured")
             held = holding.result().checkpoint
-            _wait(lambda: metric(second, _abandoned("rollback", "deadline_exceeded")) >= 1,
+            _wait(lambda: metric(second, abandoned("rollback", "deadline_exceeded")) >= 1,
                   "B's rollback counted as abandoned", second)
             assert _full_log(second).count(f"rollback of plan {plan_id} abandoned") == 1
             assert tree_state(root) == before
@@ -559,9 +559,9 @@ def test_a_rollback_given_up_on_while_reader_processes_read_for_it(idle_server, 
         faults.wait_paused("workspace.read", server, call)
         assert _children(server.process.pid), "reader processes read for the capture"
         assert call.cancel()
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, _abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert tree_state(root) == before
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id, first.checkpoint_id]
         assert pending_rollbacks(server) == []
@@ -644,9 +644,9 @@ def test_calls_given_up_on_at_random_moments_while_garbage_collection_runs(idle_
                 stub.DeleteCheckpoint(pb.DeleteCheckpointRequest(checkpoint_id=doomed), timeout=60)
                 del recorded[doomed]
         listed = {c.checkpoint_id for c in list_all(stub, plan_id)}
-        abandoned = sum(metric(server, _abandoned(operation, cause)) for operation in ("rollback", "diff")
-                        for cause in ("cancelled", "deadline_exceeded"))
-        assert abandoned >= 1, "some call was given up on in the middle of its capture"
+        stopped = sum(metric(server, abandoned(operation, cause)) for operation in ("rollback", "diff")
+                      for cause in ("cancelled", "deadline_exceeded"))
+        assert stopped >= 1, "some call was given up on in the middle of its capture"
         # A capture stopped mid-walk closes every directory it held open.
         assert _open_fds(server) <= max(fds[1:]) + 4, (fds, _open_fds(server))
         for checkpoint_id, files in recorded.items():
@@ -686,9 +686,9 @@ def test_an_incremental_capture_given_up_on_with_writes_racing_it_leaves_the_nex
         (root / "d11" / "late.txt").write_text("a new file in a directory it had no change for\n")
         (root / "fresh" / "x.txt").unlink()
         assert call.cancel()
-        _wait(lambda: metric(server, _handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, _abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
         assert exported(stub, created.checkpoint_id) == _captured(root)
@@ -728,9 +728,9 @@ def test_a_create_after_a_live_diff_given_up_on_and_a_crash_has_its_objects_dura
                                            timeout=2.0)
         faults.wait_paused("workspace.read", server, call)
         assert call.exception(timeout=30).code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        _wait(lambda: metric(server, _handled("DiffCheckpoints", "CANCELLED")) >= 1, "the handler ended", server)
+        _wait(lambda: metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, _abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
+        _wait(lambda: metric(server, abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
     server.kill()
     _start(server, faults, **rotate)
     with grpc.insecure_channel(server.tcp_target) as channel:

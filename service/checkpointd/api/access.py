@@ -18,7 +18,15 @@ from typing import Any, Protocol
 
 import grpc
 
-from checkpointd.api.interceptors import MethodWrapper, begin_call, failure_reason, is_async, outcome, shape_of
+from checkpointd.api.interceptors import (
+    MethodWrapper,
+    begin_call,
+    failure_reason,
+    given_up_code,
+    is_async,
+    outcome,
+    shape_of,
+)
 from checkpointd.core.kernel import validation
 from checkpointd.logging_setup import request_context
 
@@ -130,7 +138,7 @@ class AccessInterceptor(MethodWrapper):
                 try:
                     response = await behaviour(request, context)
                 except asyncio.CancelledError:
-                    finish(context, method, grpc.StatusCode.CANCELLED, started, None, fields)
+                    finish(context, method, given_up_code(context), started, None, fields)
                     raise
                 except BaseException:
                     finish(context, method, outcome(context, True), started, None, fields)
@@ -167,7 +175,7 @@ class AccessInterceptor(MethodWrapper):
                         async for response in behaviour(argument, context):
                             yield response
                     except (asyncio.CancelledError, GeneratorExit):
-                        code = grpc.StatusCode.CANCELLED
+                        code = given_up_code(context)
                         raise
                     except BaseException:
                         code = outcome(context, True)

@@ -14,19 +14,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from checkpointd.api import convert
+from checkpointd.api.interceptors import why_ended
 from checkpointd.core.engine.checkpoints import Checkpoints
 from checkpointd.core.engine.contents import Contents
 from checkpointd.core.engine.pending_writes import PendingWrite
 from checkpointd.core.engine.plans import Plans
 from checkpointd.core.engine.requests import CreateRequest, RollbackRequest, Scope
-from checkpointd.core.kernel.cancellation import NEVER, Cancellation, Why
+from checkpointd.core.kernel.cancellation import NEVER, Cancellation
 
 T = TypeVar("T")
 
@@ -240,18 +241,6 @@ class AsyncCheckpointServicer(CheckpointServicer):
         return pb.DeleteCheckpointsResponse(checkpoints=listed, checkpoints_omitted=omitted)
 
 
-#: A call given up on this close to its deadline counts as past it: a client whose deadline passes
-#: cancels the call itself, which the server may hear of a moment before its own copy of the
-#: deadline passes (it started counting when the request arrived).
-_DEADLINE_SLACK_SECONDS = 0.1
-
-
-def _why_ended(context: Any) -> Why:
-    """Why a call ended before its handler did: its deadline passed, else it was cancelled."""
-    remaining = context.time_remaining() if context is not None else None
-    return Why.DEADLINE_EXCEEDED if remaining is not None and remaining <= _DEADLINE_SLACK_SECONDS else Why.CANCELLED
-
-
 @contextlib.contextmanager
 def _cancelled_if_given_up(context: grpc.aio.ServicerContext, cancel: Cancellation) -> Iterator[None]:
     """Sets ``cancel`` when the handler is cancelled (the caller gave up, or the server stops)
@@ -259,7 +248,7 @@ def _cancelled_if_given_up(context: grpc.aio.ServicerContext, cancel: Cancellati
     try:
         yield
     except asyncio.CancelledError:
-        cancel.cancel(_why_ended(context))
+        cancel.cancel(why_ended(context))
         raise
 
 
@@ -272,7 +261,7 @@ def _cancelled_when_ended(context: grpc.ServicerContext | None) -> Cancellation:
     cancel = Cancellation()
 
     def ended() -> None:
-        cancel.cancel(_why_ended(context))
+        cancel.cancel(why_ended(context))
 
     if not add_callback(ended):  # the call has ended already
         ended()

@@ -20,6 +20,7 @@ import grpc
 from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status, to_status
+from checkpointd.core.kernel.cancellation import Why
 from checkpointd.core.kernel.errors import CheckpointdError, InvalidArgument, Reason
 from checkpointd.core.metadata.db import storage_exhausted
 
@@ -89,6 +90,28 @@ def begin_call() -> None:
 def failure_reason() -> str:
     """The ErrorInfo reason the current call failed with ('' if none is known)."""
     return _failed_with.get()
+
+
+#: A call given up on this close to its deadline counts as past it: a client whose deadline passes
+#: cancels the call itself, which the server may hear of a moment before its own copy of the
+#: deadline passes (it started counting when the request arrived).
+DEADLINE_SLACK_SECONDS = 0.1
+
+
+def why_ended(context: Any) -> Why:
+    """Why a call ended before its handler did: its deadline passed, else it was cancelled."""
+    remaining = context.time_remaining() if context is not None else None
+    return Why.DEADLINE_EXCEEDED if remaining is not None and remaining <= DEADLINE_SLACK_SECONDS else Why.CANCELLED
+
+
+def given_up_code(context: Any) -> grpc.StatusCode:
+    """The code of a call whose handler the transport cancelled, as its caller saw it (a caller
+    whose deadline passed was told DEADLINE_EXCEEDED, not CANCELLED)."""
+    match why_ended(context):
+        case Why.DEADLINE_EXCEEDED:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        case Why.CANCELLED:
+            return grpc.StatusCode.CANCELLED
 
 
 def outcome(context: Any, failed: bool) -> grpc.StatusCode:
