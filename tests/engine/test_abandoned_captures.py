@@ -1,7 +1,8 @@
 """Captures whose caller gave up (see ``kernel.cancellation``): they stop at their next check and
 leave nothing of theirs behind (the batch is dropped, a large file's staged copy removed, the
 reads they started finished before the batch is), and the next capture takes exactly what a full
-scan takes: the changes a watched capture had taken from its journal are handed back."""
+scan takes: the changes a watched capture had taken from its journal are handed back, and it
+builds on the same base unless the stopped capture was a full scan (which drops the watches)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,29 @@ def test_an_incremental_capture_given_up_on_hands_back_what_it_took_and_the_next
     assert read == ["file0.txt"], "the capture stopped at the next dirty path"
     [journal] = engines.watcher.journals()
     assert set(edited) <= set(journal.dirty), "the dirty paths the capture took are the journal's again"
-    result = engines.check(expect="any")
+    # The base it would have built on is kept: a rollback given up on does not make the next
+    # checkpoint of a large workspace a full scan.
+    result = engines.check(expect="incremental")
     assert result.file_count == 48
+
+
+def test_a_full_scan_given_up_on_after_its_watches_were_dropped_leaves_no_base(engines):
+    """A full scan drops the workspace's watches and adds them back as it walks: stopped before
+    it walked everything, it leaves directories unwatched, so what changes in them meanwhile is
+    seen by no event. The base is dropped with the watches: the next capture scans in full."""
+    _populate(engines.root)
+    engines.check(expect="full")
+    write(engines.root / "pkg1" / "sub1" / "file1.txt", "edited: an incremental capture builds the base\n")
+    engines.check(expect="incremental")
+    cancel = Cancellation()
+    cancel.cancel(Why.CANCELLED)
+    with pytest.raises(Cancelled), engines.store.batch() as batch:
+        batch.cancel = cancel
+        # Other ignore patterns than the base's: a full scan, stopped at its first directory.
+        engines.watched.capture(Workspace(str(engines.root)), ["*.tmp"], [], engines.max_size, batch)
+    write(engines.root / "pkg4" / "sub1" / "unseen.txt", "written while pkg4 had no watch\n")
+    result = engines.check(expect="full")  # the base's patterns again
+    assert result.file_count == 48 + 1
 
 
 def test_a_full_scan_given_up_on_stops_within_a_directory_and_the_next_is_exact(engines, monkeypatch):
@@ -189,3 +211,32 @@ def test_a_large_file_stops_being_read_between_its_chunks_and_leaves_nothing_sta
             assert result.file_count == 2 and result.total_size == (8 << 20) + 6
     finally:
         snapshotter.close()
+
+
+def test_a_directory_scan_given_up_on_after_its_watches_were_dropped_leaves_no_base(engines, monkeypatch):
+    """A directory whose read bits changed is scanned again, its watches dropped and added back
+    as the scan walks it. Given up on right after the drop, then changed back (the event says
+    only that its mode changed) while a file is written below it (no watch, no event): building
+    on the old base would look at the directory's mode alone and miss the file."""
+    _populate(engines.root)
+    engines.check(expect="full")
+    write(engines.root / "pkg1" / "sub1" / "file1.txt", "edited: an incremental capture builds the base\n")
+    engines.check(expect="incremental")
+    directory = engines.root / "pkg2"
+    os.chmod(directory, 0o700)
+    cancel = Cancellation()
+    real_reset = engines.watcher.reset
+
+    def reset_then_give_up(journal, prefix=""):
+        real_reset(journal, prefix)
+        cancel.cancel(Why.DEADLINE_EXCEEDED)
+
+    monkeypatch.setattr(engines.watcher, "reset", reset_then_give_up)
+    with pytest.raises(DeadlineExceeded), engines.store.batch() as batch:
+        batch.cancel = cancel
+        engines.watched.capture(Workspace(str(engines.root)), [], [], engines.max_size, batch)
+    monkeypatch.undo()
+    os.chmod(directory, 0o755)
+    write(directory / "sub2" / "unseen.txt", "written while pkg2 had no watch\n")
+    result = engines.check(expect="full")
+    assert result.file_count == 48 + 1

@@ -66,6 +66,7 @@ from checkpointd.core.capture.snapshot import (
 from checkpointd.core.capture.stat_index import Indexed, RootIndex
 from checkpointd.core.capture.watcher import ENTRY, SUBTREE, Changes, Journal, Watcher
 from checkpointd.core.kernel import telemetry
+from checkpointd.core.kernel.errors import Cancelled
 from checkpointd.core.kernel.telemetry import CaptureMode
 from checkpointd.core.store.content_store import Batch
 from checkpointd.core.store.tree import Entry, EntryKind, Trees
@@ -199,9 +200,11 @@ class Capturer:
         previous = state.base
         journal: Journal | None = None
         changes = Changes({})
+        resets = 0
         try:
             with workspace.root_fd() as root_fd:
                 journal = self.watcher.journal(workspace.root, root_fd)
+            resets = journal.resets if journal is not None else 0
             if journal is None:
                 state.base = None
                 mode = CaptureMode.UNWATCHED
@@ -214,8 +217,16 @@ class Capturer:
                 result, changes, mode = self._capture_watched(state, journal, synced, changes, workspace, settings,
                                                               max_size, batch, deletions)
             self._captured(mode, started)
-        except BaseException:
-            state.base = None
+        except BaseException as failure:
+            # A capture stopped because its caller gave up keeps the base, unless it had dropped
+            # watches to scan a directory again (what changes there until a scan adds them back
+            # is seen by no event): what it took goes back to the journal, and the next capture
+            # builds on that base again (a rollback given up on must not make the next checkpoint
+            # of a large workspace a full scan). Any other failure drops the base: the next
+            # capture scans in full, which also gets past a base that no longer reads.
+            if (not isinstance(failure, Cancelled) or journal is None or journal.resets != resets
+                    or state.base is not previous):
+                state.base = None
             if journal is not None:
                 self.watcher.give_back(journal, changes)
             state.lock.release()

@@ -99,6 +99,9 @@ class Journal:
     #: The next capture must scan everything (why, for the log).
     full: str = "never scanned"
     last_used: float = field(default_factory=time.monotonic)
+    #: How many times watches under it were dropped for a scan that adds them again (``reset``):
+    #: until that scan completes, what changes where it has not been yet is seen by no event.
+    resets: int = 0
 
 
 @dataclass(frozen=True)
@@ -328,6 +331,7 @@ class Watcher:
     def reset(self, journal: Journal, prefix: str = "") -> None:
         """Drops the watches under ``prefix`` ahead of a scan that adds them again."""
         with self._lock:
+            journal.resets += 1
             self._unwatch_under(journal, prefix)
 
     def _drop(self, journal: Journal) -> None:
