@@ -770,14 +770,10 @@ class Batch:
                     out.write(chunk)
                     size += len(chunk)
                     self.cancel.check()
-        except UnreadableSource:
+        except BaseException as exc:  # a failed read or write, the caller gave up, or worse: nothing is kept
             staged.unlink(missing_ok=True)
-            raise
-        except OSError as exc:
-            staged.unlink(missing_ok=True)
-            raise storage_error(exc) from exc
-        except BaseException:  # the caller gave up (Cancelled), or worse: nothing of it is kept
-            staged.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and not isinstance(exc, UnreadableSource):
+                raise storage_error(exc) from exc
             raise
         digest = hasher.hexdigest()
         if self._known(digest) or not self._publish(digest, _StagedFile(None, path=staged)):

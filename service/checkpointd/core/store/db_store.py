@@ -455,14 +455,10 @@ class Batch:
                     out.write(chunk)
                     size += len(chunk)
                     self.cancel.check()
-        except UnreadableSource:
+        except BaseException as exc:  # a failed read or write, the caller gave up, or worse: nothing is kept
             path.unlink(missing_ok=True)
-            raise
-        except OSError as exc:
-            path.unlink(missing_ok=True)
-            raise _storage_error(exc) from exc
-        except BaseException:  # the caller gave up (Cancelled), or worse: nothing of it is kept
-            path.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and not isinstance(exc, UnreadableSource):
+                raise _storage_error(exc) from exc
             raise
         digest = hasher.hexdigest()
         if self.reuse(digest):
