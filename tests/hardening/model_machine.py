@@ -4,7 +4,9 @@ how a failure is replayed). ``Calls`` drives the servers through kills and pause
 
 from __future__ import annotations
 
+import os
 import random
+import stat
 import threading
 import time
 from collections import Counter
@@ -16,7 +18,7 @@ import grpc
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from tests.hardening import model_workspace as ws
 from tests.hardening.model_cluster import SPLIT_ENTRIES, Cluster
-from tests.hardening.support import GONE
+from tests.hardening.support import GONE, exported
 from tests.helpers import error_info
 
 ENTRY_TYPES = {pb.ENTRY_TYPE_FILE: "file", pb.ENTRY_TYPE_SYMLINK: "symlink", pb.ENTRY_TYPE_DIRECTORY: "dir",
@@ -177,6 +179,26 @@ def choose(data, choices: list):
     return data.draw(st.sampled_from(choices))
 
 
+def inodes(full: Path) -> set[tuple[int, int]]:
+    """The regular files at or under ``full`` (never through a link), as (device, inode)."""
+    found = set()
+    paths = [full] if not full.is_dir() or full.is_symlink() else [full, *full.rglob("*")]
+    for path in paths:
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.add((st.st_dev, st.st_ino))
+    return found
+
+
+def as_exported(tree: ws.Tree) -> dict[str, tuple]:
+    """A modelled tree in the shape of ``tests.hardening.support.exported``."""
+    return {path: ("dir", mode) if kind == "dir" else ("symlink", os.fsdecode(content)) if kind == "symlink"
+            else ("file", content, mode) for path, (kind, content, mode) in tree.items()}
+
+
 def conflict_reason(error: grpc.RpcError) -> str:
     if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
         return ""
@@ -224,7 +246,12 @@ AFTER_THE_RACE = ("create.captured:1", "create.committed:1", "restore.change:2",
                   "rollback.applied:1")
 #: How often random_steps takes each rule.
 STEP_WEIGHTS = {"edit": 6, "create": 3, "rollback": 3, "diff_live": 1, "diff_pages": 1.5, "delete_checkpoint": 1,
-                "set_retention": 0.5, "collect": 0.6, "restart": 0.3}
+                "set_retention": 0.5, "collect": 0.6, "restart": 0.3, "give_up": 1.2}
+#: A directory of files outside the model's names that a give-up step may add for its capture to read.
+SCRATCH = "scratch"
+SCRATCH_FILES = 200
+#: What a caller that gives up may get: the call's end as it saw it, or its reply if it was quick.
+GIVEN_UP = (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
 COMPACTION_CRASHES = ("", "compact.copied:1", "compact.synced:1")
 
 
@@ -327,20 +354,25 @@ class ModelMachine(Calls, RuleBasedStateMachine):
 
     # -- the service ------------------------------------------------------------------------
 
-    def create(self, pinned, state):
+    def create(self, pinned, state) -> str:
         request = pb.CreateCheckpointRequest(plan_id=self.plan_id, workspace_root=str(self.root),
                                              state=b"state %d" % state, request_id=str(uuid.uuid4()),
                                              labels={"pinned": "true"} if pinned else {})
         disk = self.disk()
         checkpoint = self.call("CreateCheckpoint", request).checkpoint
         assert self.disk() == disk
+        self.acknowledge(checkpoint, disk, request.state, pinned)
+        return checkpoint.checkpoint_id
+
+    def acknowledge(self, checkpoint: pb.Checkpoint, disk: ws.Tree, state: bytes, pinned: bool = False) -> None:
+        """Models ``checkpoint``, captured while the workspace was ``disk``."""
         rules = ws.Rules.of(disk)
         want_skipped = {p for p in disk if rules.oversized(p, disk) and not rules.ignored(p, disk)}
         assert {s.path for s in checkpoint.skipped_files} == want_skipped, checkpoint.skipped_files
         held = ws.capture(disk)
         if max(Counter(path.rpartition("/")[0] for path in held).values(), default=0) > SPLIT_ENTRIES:
             self.cluster.stats["checkpoints holding a split directory"] += 1
-        self.acked[checkpoint.checkpoint_id] = Ack(held, rules, checkpoint.sequence, request.state, pinned,
+        self.acked[checkpoint.checkpoint_id] = Ack(held, rules, checkpoint.sequence, state, pinned,
                                                    skipped=frozenset(want_skipped))
 
     def diff_live(self, data):
@@ -465,11 +497,14 @@ class ModelMachine(Calls, RuleBasedStateMachine):
         self.roll_back(target_id, before, top, dry_run=how == "dry-run", race=Race(self.root, race))
 
     def roll_back(self, target_id: str, before: ws.Tree, top: str | None, dry_run: bool = False,
-                  race: Race | None = None) -> None:
+                  race: Race | None = None, request_id: str = "") -> str | None:
+        """Rolls back to ``target_id`` (``before``: the workspace now) and checks the result; the
+        safety checkpoint's id (None for a dry run or a refusal)."""
         target = self.acked[target_id]
         expected = ws.expect_rollback(before, target.tree, target.rules, top, target.skipped)
         request = pb.RollbackRequest(plan_id=self.plan_id, checkpoint_id=target_id, dry_run=dry_run,
-                                     paths=[top] if top else [], request_id="" if dry_run else str(uuid.uuid4()))
+                                     paths=[top] if top else [],
+                                     request_id="" if dry_run else request_id or str(uuid.uuid4()))
         killed_before = self.kills
         try:
             reply = self.call("Rollback", request, race=race)
@@ -484,12 +519,12 @@ class ModelMachine(Calls, RuleBasedStateMachine):
                     want.setdefault(parent, self.disk()[parent])
             assert self.disk() == want, "a refused rollback changed the workspace:\n" + mismatch(self.disk(), want)
             self.cluster.stats["rollbacks refused (ROLLBACK_CONFLICT)"] += 1
-            return
+            return None
         after = self.disk()
         if dry_run:
             assert after == before, "a dry run changed the workspace:\n" + mismatch(after, before)
             assert {c.path for c in reply.changes} <= expected.changes | set(expected.safety), reply.changes
-            return
+            return None
         if target.state is not None:
             assert reply.state == target.state
         want = dict(expected.after)
@@ -532,6 +567,214 @@ class ModelMachine(Calls, RuleBasedStateMachine):
                                                skipped=frozenset(p for p in before if p not in expected.safety
                                                                  and now_rules.oversized(p, before)
                                                                  and not now_rules.ignored(p, before)))
+        return safety.checkpoint_id
+
+    # -- calls given up on ----------------------------------------------------------------------
+
+    def give_up(self, data, what, scoped, deadline, delay, racing, after, state, race, scratch):
+        """A call its caller gives up on: a Rollback (full, or scoped to a top-level path; its own
+        request_id), a CreateCheckpoint or a DiffCheckpoints of the live workspace, cancelled
+        ``delay`` seconds after it was sent, or sent with a deadline that short (``deadline``),
+        with the edit ``racing`` (if any) made right after (with ``scratch``, a rollback or diff
+        has a few hundred rewritten files to capture: see ``scratch_base``). It may end OK, CANCELLED or
+        DEADLINE_EXCEEDED, nothing else. Once nothing of it runs any more (a call that takes the
+        plan has answered), what the server shows must be one of the outcomes the README allows
+        (see ``_give_up_rollback`` and the others). Then the ``after`` edits, and a
+        CreateCheckpoint that must hold the workspace exactly, read back byte for byte: a capture
+        stopped by a give-up keeps the base it would have built on (capture/capturer.py), and a
+        base kept when it should not be makes that checkpoint miss a change."""
+        armed = self.cluster.armed[self.replica].get("CHECKPOINTD_CRASH_AT", "")
+        if armed and (what == "create") == armed.startswith("create."):
+            what = "diff"  # a kill armed on this call's way is for the calls retried with their request_id
+        if scratch and what != "create":
+            self.scratch_base()
+            delay = round(delay * 5, 4)  # the capture is several times longer
+        lines = self.abandoned_lines()
+        if what == "rollback":
+            self._give_up_rollback(data, scoped, deadline, delay, racing, race)
+        elif what == "create":
+            self._give_up_create(deadline, delay, racing)
+        else:
+            self._give_up_diff(data, deadline, delay, racing)
+        self.cluster.stats["captures stopped by a give-up (server log)"] += max(0, self.abandoned_lines() - lines)
+        self.edit(after)
+        self.exact_create(state)
+        if (self.root / SCRATCH).exists() or scratch:
+            for checkpoint_id in [c for c, a in self.acked.items() if any(ws.inside(p, SCRATCH) for p in a.tree)]:
+                del self.acked[checkpoint_id]  # read back already; the rest of the example goes on without them
+            ws.remove(self.root / SCRATCH)
+
+    def scratch_base(self) -> None:
+        """Files enough that a capture of them all takes some milliseconds, checkpointed (the
+        base the next capture builds on; not modelled: they go once the step is over), then all
+        rewritten: the give-up that follows has them all to read, and is likely stopped among them."""
+        for number in range(SCRATCH_FILES):
+            ws.write_file(self.root, f"{SCRATCH}/f{number:03}", b"scratch %d\n" % number)
+        self.call("CreateCheckpoint", pb.CreateCheckpointRequest(plan_id=self.plan_id, state=b"scratch"))
+        for number in range(SCRATCH_FILES):
+            ws.write_file(self.root, f"{SCRATCH}/f{number:03}", b"rewritten %d\n" % number)
+        self.cluster.stats["give-ups with scratch files to capture"] += 1
+
+    def abandoned_lines(self) -> int:
+        """How many captures of the plan the server's log says a give-up stopped (its log since it last started)."""
+        server = self.cluster.servers[self.replica]
+        text = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+        return text.count(f"of plan {self.plan_id} abandoned")
+
+    def given_up(self, method: str, request, deadline: bool, delay: float, racing: tuple | None):
+        """Sends ``request``, makes the ``racing`` edit, gives up; the code the caller saw and the reply (or error)."""
+        function = getattr(self.cluster.stub(self.replica), method)
+        future = function.future(request, timeout=max(delay, 0.0005) if deadline else 60)
+        if not deadline:  # the edit after the cancel: its timing is the give-up's
+            time.sleep(delay)
+            future.cancel()
+        if racing is not None:
+            self.edit([racing])
+            self.cluster.stats["edits racing a call given up on"] += 1
+        try:
+            reply, code = future.result(timeout=120), grpc.StatusCode.OK
+        except grpc.FutureCancelledError:
+            reply, code = None, grpc.StatusCode.CANCELLED
+        except grpc.RpcError as error:
+            reply, code = error, error.code()
+        assert code not in NEVER, f"{method} given up on answered {code}: {reply.details()}"
+        self.cluster.stats["calls given up on"] += 1
+        self.cluster.stats[f"calls {method} given up on, ended {code.name}"] += 1
+        return code, reply
+
+    def settle(self, target_id: str, race: Race | None) -> None:
+        """Returns once nothing of an earlier call of the plan runs any more: a dry-run rollback
+        takes the plan as every rollback and create does (a rollback given up on past its commit
+        point, paused before its first change, is resumed by ``call``, after ``race`` wrote), and
+        changes nothing, neither the workspace nor the base the next capture builds on (its look
+        is never committed)."""
+        try:
+            self.call("Rollback", pb.RollbackRequest(plan_id=self.plan_id, checkpoint_id=target_id, dry_run=True),
+                      race=race)
+        except grpc.RpcError as error:
+            assert conflict_reason(error) == "ROLLBACK_CONFLICT", f"{error.code()} {error.details()}"
+
+    def _give_up_rollback(self, data, scoped, deadline, delay, racing, race_seed) -> None:
+        """Either it did not happen (no safety checkpoint of it listed; the workspace exactly as it
+        was, or, with an edit racing it, as it was within its scope) or it ran to its end (exactly
+        one safety checkpoint of it, labelled rollback_target; its request_id answers with that
+        one, and the workspace is the target's, as ``roll_back`` checks): never anything between.
+        An edit races only a scoped rollback, outside its scope and away from its files. Where the
+        server pauses its first rollback's first change, a tool writes in that pause (``Race``):
+        then the rollback either ran to its end with the write on disk, or met the write and
+        undid all it had changed (its safety checkpoint recorded, the workspace as it was plus
+        the write), as ``roll_back`` allows."""
+        target_id = self.pick(data)
+        target = self.acked[target_id]
+        before = self.disk()
+        top = None
+        if scoped:
+            tops = sorted({p.split("/")[0] for p in before.keys() | target.tree.keys()})
+            top = choose(data, tops) if tops else None
+        race = Race(self.root, race_seed) if "CHECKPOINTD_PAUSE_AT" in self.cluster.armed[self.replica] else None
+        if racing is not None and (race is not None or top is None or not self.clear_of(racing, top)):
+            racing = None
+        expected = ws.expect_rollback(before, target.tree, target.rules, top, target.skipped)
+        known = {c.checkpoint_id for c in self.list_checkpoints()}
+        request = pb.RollbackRequest(plan_id=self.plan_id, checkpoint_id=target_id, paths=[top] if top else [],
+                                     request_id=str(uuid.uuid4()))
+        code, reply = self.given_up("Rollback", request, deadline, delay, racing)
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            assert conflict_reason(reply) == "ROLLBACK_CONFLICT" and expected.may_conflict, reply.details()
+        else:
+            assert code in GIVEN_UP, f"a rollback given up on answered {code}: {reply.details()}"
+        self.settle(target_id, race)
+        now = self.disk()
+        listed = [c for c in self.list_checkpoints() if c.checkpoint_id not in known]
+        made = [c for c in listed if c.labels.get("rollback_target") == target_id]
+        # An undo of it (a write raced it) records the workspace first, in a safety checkpoint of its own.
+        undoing = [c for c in listed if c not in made]
+        assert len(made) <= 1 and all(c.phase == pb.PHASE_ROLLBACK_SAFETY for c in listed) and all(
+            made and c.labels.get("rollback_target") == made[0].checkpoint_id for c in undoing), \
+            f"a rollback given up on recorded {listed}"
+        if code == grpc.StatusCode.OK:
+            assert [c.checkpoint_id for c in made] == [reply.safety_checkpoint.checkpoint_id], made
+        if not made:
+            if racing is None:
+                assert now == before, "a rollback that did not happen changed the workspace:\n" + mismatch(now, before)
+            else:
+                inside = {p: n for p, n in now.items() if ws.inside(p, top)}
+                was = {p: n for p, n in before.items() if ws.inside(p, top)}
+                assert inside == was, f"a rollback that did not happen changed {top}:\n" + mismatch(inside, was)
+            self.cluster.stats["rollbacks given up on that did not happen"] += 1
+            return
+        if race is not None and race.path is not None:
+            self.cluster.stats["writes racing a rollback"] += 1
+            raced = {**before, race.path: race.node}
+            for parent in ws.parents(race.path):
+                raced.setdefault(parent, now[parent])
+            if now == raced:
+                self.cluster.stats["rollbacks given up on, undone after a write raced them"] += 1
+                return
+        else:
+            race = None
+        assert not undoing or expected.may_conflict, f"a rollback given up on was undone, nothing raced it: {undoing}"
+        if racing is not None:  # what it found: its scope as it was, the rest as the edit left it
+            before = {**{p: n for p, n in now.items() if not ws.inside(p, top)},
+                      **{p: n for p, n in before.items() if ws.inside(p, top)}}
+        safety_id = self.roll_back(target_id, before, top, race=race, request_id=request.request_id)
+        # Its request_id answers with the safety checkpoint it recorded (unless it was undone, a
+        # conflict the model allows, and the retry is a rollback of its own).
+        assert safety_id == made[0].checkpoint_id or expected.may_conflict, (safety_id, made)
+        if racing is not None and safety_id is not None:
+            self.acked.pop(safety_id)  # taken before or after the racing edit
+        self.cluster.stats["rollbacks given up on that ran to their end"] += 1
+
+    def clear_of(self, edit: tuple, top: str) -> bool:
+        """Whether ``edit`` keeps out of the top-level ``top``: none of its paths is in it, it is
+        not a .gitignore edit (the rules decide what a rollback leaves alone), and none of the
+        files it may write, chmod or remove is a hard link of one in ``top``."""
+        name, *arguments = edit
+        paths = [a for a in arguments if isinstance(a, str)]
+        if name == "gitignore" or any(ws.inside(p, top) or ws.inside(top, p) for p in paths):
+            return False
+        touched = set().union(*(inodes(self.root / p) for p in paths))
+        if name == "hard_link_outside":
+            touched |= inodes(self.outside / paths[0].replace("/", "_"))
+        return not touched & inodes(self.root / top)
+
+    def _give_up_create(self, deadline, delay, racing) -> None:
+        """It recorded its checkpoint or it did not: its request_id (once the plan is free)
+        answers with the one it recorded, or records one now. With no edit racing it, that
+        checkpoint holds the workspace exactly and is modelled; with one, what its capture saw
+        is not pinned down: the next create's exactness checks what it left."""
+        before = self.disk()
+        request = pb.CreateCheckpointRequest(plan_id=self.plan_id, workspace_root=str(self.root),
+                                             state=b"given up on", request_id=str(uuid.uuid4()))
+        code, reply = self.given_up("CreateCheckpoint", request, deadline, delay, racing)
+        assert code in GIVEN_UP, f"a create given up on answered {code}: {reply.details()}"
+        now = self.disk()
+        checkpoint = self.call("CreateCheckpoint", request).checkpoint
+        if code == grpc.StatusCode.OK:
+            assert checkpoint.checkpoint_id == reply.checkpoint.checkpoint_id, (checkpoint, reply)
+        assert self.disk() == now
+        if racing is None:
+            assert now == before
+            self.acknowledge(checkpoint, now, request.state)
+            self.cluster.stats["creates given up on, modelled"] += 1
+
+    def _give_up_diff(self, data, deadline, delay, racing) -> None:
+        """It changes nothing; if it answered (and no edit raced it), it is the model's diff."""
+        base = self.pick(data)
+        want = ws.diff(self.acked[base].tree, ws.capture(self.disk()))
+        code, reply = self.given_up("DiffCheckpoints", pb.DiffCheckpointsRequest(base_checkpoint_id=base),
+                                    deadline, delay, racing)
+        assert code in GIVEN_UP, f"a live diff given up on answered {code}: {reply.details()}"
+        if code == grpc.StatusCode.OK and racing is None:
+            assert reported(reply.changes) == want, "a live diff:\n" + mismatch(reported(reply.changes), want)
+
+    def exact_create(self, state: int) -> None:
+        """A CreateCheckpoint, modelled, whose files are read back: exactly the workspace's."""
+        checkpoint_id = self.create(pinned=False, state=state)
+        got = exported(self.cluster.stub(self.replica), checkpoint_id)
+        want = as_exported(self.acked[checkpoint_id].tree)
+        assert got == want, "the create after a call given up on is not exact:\n" + mismatch(got, want)
+        self.cluster.stats["creates after a give-up read back byte for byte"] += 1
 
     @rule(seed=seeds)
     def random_steps(self, seed):
@@ -556,6 +799,19 @@ class ModelMachine(Calls, RuleBasedStateMachine):
                 "restart": lambda: {"kill": rng.random() < 0.5, "crash_at": rng.choice(("",) + CRASH_POINTS)},
                 "rollback": lambda: {"data": rng, "how": rng.choice(["full", "full", "scoped", "dry-run"]),
                                      "race": rng.randrange(2**16)},
+                "give_up": lambda: {"data": rng, "what": rng.choice(["rollback", "rollback", "create", "diff"]),
+                                    "scoped": rng.random() < 0.4, "deadline": rng.random() < 0.5,
+                                    # A rollback's safety capture of the model's workspace is over
+                                    # about a millisecond after it is sent: most give-ups aim there.
+                                    "delay": rng.choice([0.0, round(rng.uniform(0, 0.001), 5),
+                                                         round(rng.uniform(0, 0.0015), 5),
+                                                         round(rng.uniform(0.0005, 0.002), 5),
+                                                         round(rng.uniform(0, 0.008), 4),
+                                                         round(rng.uniform(0, 0.05), 3)]),
+                                    "racing": random_edit(rng) if rng.random() < 0.5 else None,
+                                    "after": [random_edit(rng) for _ in range(rng.randint(0, 2))],
+                                    "state": rng.randrange(2**16), "race": rng.randrange(2**16),
+                                    "scratch": rng.random() < 0.7},
             }[name]()
             self.log.append(f"{name}({', '.join(f'{k}={v!r}'[:200] for k, v in arguments.items() if k != 'data')})")
             try:

@@ -16,7 +16,19 @@ live workspace, DeleteCheckpoint, a retention rule, `checkpointd gc` (retention,
 compaction of small packs, killed at a compaction point), restart and kill -9, a kill -9 armed at
 a fault point of CreateCheckpoint or Rollback (the call is retried with its request_id; on
 PostgreSQL through the other replica first), Rollback (full, scoped to a top-level path, dry run)
-and a tool writing while a rollback is paused before its first change.
+and a tool writing while a rollback is paused before its first change, and calls given up on
+(``give_up``): a Rollback (full or scoped, its own request_id), a CreateCheckpoint or a live
+DiffCheckpoints, cancelled a few milliseconds after it is sent or sent with a deadline that short,
+sometimes with an edit made while it is in flight, sometimes with a few hundred files rewritten
+just before (checkpointed first: the capture given up on has them all to read, and is likely
+stopped among them, keeping the base it would have built on). Such a call may end OK, CANCELLED or
+DEADLINE_EXCEEDED only; once the plan is free again (a dry-run rollback answers), a rollback either
+did not happen (no checkpoint of it, the workspace as it was, or within its scope as it was when an
+edit raced it outside) or ran to its end (exactly one safety checkpoint labelled rollback_target,
+which its request_id answers with, and the workspace exactly the target), or, where a tool wrote
+while it was paused past its commit point, undid what it had changed; a create's request_id
+answers with the checkpoint it recorded (modelled when no edit raced it); and the next
+CreateCheckpoint, read back byte for byte, holds the workspace exactly.
 
 The model (tests/hardening/model_workspace.py): for every acknowledged checkpoint, the exact tree
 (bytes, modes, link texts, types) on disk at acknowledgement, less what the README says a capture
@@ -80,7 +92,8 @@ def run_machine(cluster: Cluster, examples: int, steps: int, restart_budget: int
     if "CHECKPOINTD_MODEL_REPRODUCE" not in os.environ:
         for what in ("calls CreateCheckpoint", "rollbacks checked byte for byte", "kills at armed points",
                      "writes racing a rollback", "collections", "checkpoints holding a split directory",
-                     "diff pages resumed between two checkpoints", "diffs paged on after another step"):
+                     "diff pages resumed between two checkpoints", "diffs paged on after another step",
+                     "calls given up on", "creates after a give-up read back byte for byte"):
             assert stats[what] > 0, f"no {what} in this run: {dict(stats)}"
 
 
