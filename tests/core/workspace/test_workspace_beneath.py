@@ -218,3 +218,76 @@ def test_no_more_files_are_held_than_the_cap(tmp_path: Path, monkeypatch: pytest
         assert len(_deleted_files_held(root)) == 3
     syncbatch.wait_for_releases()
     assert _deleted_files_held(root) == []
+
+
+def test_an_interrupted_openat2_is_asked_again(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = beneath._syscall
+    calls: list[int] = []
+
+    def interrupted_once(*args) -> int:
+        if not calls:
+            calls.append(errno.EINTR)
+            ctypes.set_errno(errno.EINTR)
+            return -1
+        calls.append(0)
+        return real(*args)
+
+    monkeypatch.setattr(beneath, "_syscall", interrupted_once)
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        found = beneath.open_dir(fd, str(tree / "a/b").lstrip("/"))
+        assert found is not None, "an interrupted call was taken for a kernel without openat2"
+        assert os.fstat(found).st_ino == (tree / "a/b").stat().st_ino
+        os.close(found)
+    finally:
+        os.close(fd)
+    assert calls == [errno.EINTR, 0] and beneath._syscall is interrupted_once
+
+
+def test_a_path_openat2_refuses_is_reported_with_its_errno(tree: Path) -> None:
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for path, error in (("link/b", errno.ELOOP), ("a/file", errno.ENOTDIR), ("a/missing", errno.ENOENT)):
+            with pytest.raises(OSError) as raised:
+                beneath.open_dir(fd, str(tree / path).lstrip("/"))
+            assert raised.value.errno == error, path
+    finally:
+        os.close(fd)
+
+
+def test_where_openat2_cannot_be_called_the_walk_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoSyscall:
+        def __init__(self, *_args, **_kwargs) -> None:
+            pass
+
+    monkeypatch.setattr(beneath.ctypes, "CDLL", NoSyscall)
+    assert beneath._load() is None, "a C library without syscall()"
+    monkeypatch.undo()
+    monkeypatch.setattr(beneath.platform, "system", lambda: "FreeBSD")
+    assert beneath._load() is None
+    monkeypatch.setattr(beneath.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(beneath.platform, "machine", lambda: "alpha")
+    assert beneath._load() is None, "alpha numbers its system calls apart"
+    monkeypatch.setattr(beneath.platform, "machine", lambda: "x86_64")
+    assert beneath._load() is not None
+
+
+def test_a_workspace_reaches_its_directories_with_openat2_where_the_kernel_has_it(
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is the one taken, not a walk after a failed openat2 (issue 21): no component
+    is opened on its own, and ``/`` is opened once for the process, not per call."""
+    workspace = Workspace(str(tree))
+    with workspace.dir_fd("a/b"):
+        pass
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, flags, mode=0o777, *, dir_fd=None):
+        opened.append(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for path in ("", "a", "a/b/c", "d"):
+        with workspace.dir_fd(path) as fd:
+            assert os.fstat(fd).st_ino == (tree / path).stat().st_ino, path
+    assert opened == []

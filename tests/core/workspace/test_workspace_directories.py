@@ -40,3 +40,22 @@ def test_no_more_descriptors_are_open_than_the_path_is_deep(tmp_path: Path) -> N
         # Only this workspace's descriptors are counted: other threads of the process open and close theirs.
         assert len(descriptors_under(root)) <= 3
     assert descriptors_under(root) == []
+
+
+def test_asked_in_sorted_order_each_directory_is_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ws"
+    for directory in ("a/b/c", "a/d", "e/f"):
+        (root / directory).mkdir(parents=True)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, flags, mode=0o777, *, dir_fd=None):
+        opened.append(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    with Workspace(str(root)).directories() as dirs:
+        monkeypatch.setattr(os, "open", counting_open)
+        for path in ["", "a", "a/b", "a/b/c", "a/b/c", "a/d", "e", "e/f"]:
+            assert os.fstat(dirs.fd(path)).st_ino == (root / path).stat().st_ino, path
+        monkeypatch.undo()
+    assert opened == ["a", "b", "c", "d", "e", "f"]

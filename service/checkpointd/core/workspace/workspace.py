@@ -180,10 +180,11 @@ class Workspace:
             pending.close()
 
     def _synced_dir(self, path: str, fd: int) -> None:
-        """Directory ``fd`` (at ``path``) is about to have an entry created, renamed or removed: durable
-        at the batch's flush. Called before the change (and before its check, to keep the check-to-
-        change window short): joining may flush a full batch, and if that fails nothing must have
-        changed yet. Only batched: unbatched removals and mkdirs stay unsynced, as before."""
+        """Directory ``fd`` (at ``path``) is about to have an entry created, renamed or removed, or
+        its mode set: durable at the batch's flush. Called before the change (and before its check,
+        to keep the check-to-change window short): joining may flush a full batch, and if that
+        fails nothing must have changed yet. Only batched: unbatched removals, mkdirs and modes
+        stay unsynced, as before."""
         if self._pending is not None:
             self._pending.add_dir(path, fd)
 
@@ -410,7 +411,11 @@ class Workspace:
                 os.close(created)
 
     def set_dir_mode(self, path: str, mode: int) -> None:
+        """Within a batch the directory joins it, so that its new mode is durable at the flush too
+        (a directory none of whose entries changed, or a rollback that only changes a mode, would
+        otherwise have nothing synced that holds it)."""
         with self.dir_fd(path) as fd:
+            self._synced_dir(path, fd)
             os.fchmod(fd, mode)
 
     def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check,
