@@ -10,7 +10,9 @@ import random
 import re
 import stat
 import tarfile
+import threading
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -206,6 +208,23 @@ def metric(server, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def wait_until(condition: Callable[[], object], what: str, server, seconds: float = 60.0) -> None:
+    """Returns once ``condition()`` holds, polled every 20 ms; fails, with the server's log,
+    after ``seconds`` (what the server does is done long before)."""
+    waited = threading.Event()
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        waited.wait(0.02)
+    raise AssertionError(f"{what}, never:\n{server.log()}")
+
+
+def captured(root: Path, ignored: Callable[[str], bool] = lambda path: path.endswith(".log")) -> dict[str, tuple]:
+    """What a checkpoint of ``root`` must hold: its files, in ``tree_state``'s shape, less the
+    ignored ones (by default the ``*.log`` files the tests' .gitignore files name)."""
+    return {path: value for path, value in tree_state(root).items() if not ignored(path)}
 
 
 def handled(method: str, code: str) -> str:

@@ -24,12 +24,14 @@ from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
 from tests.hardening.support import (
     abandoned,
     assert_fsck_clean,
+    captured,
     exported,
     handled,
     list_all,
     metric,
     pending_rollbacks,
     start_with_faults,
+    wait_until,
 )
 from tests.helpers import tree_state
 
@@ -53,21 +55,11 @@ def _slow_workspace(root: Path) -> None:
     (root / "big.bin").write_bytes(bytes(range(256)) * (12 * 1024))  # 3 MiB: read in chunks
 
 
-def _captured(root: Path) -> dict[str, tuple]:
-    """What a checkpoint of ``root`` holds: everything but the ignored files."""
-    return {path: value for path, value in tree_state(root).items() if not path.endswith(".log")}
-
-
 def _wait_until_given_up(server, method: str) -> None:
     """Returns once the server has ended its handler of a ``method`` call the caller cancelled: the
     work that call runs in a thread has been told (the handler sets its token as it ends)."""
-    counter = handled(method, "CANCELLED")
-    waited = threading.Event()
-    for _ in range(int(WAIT_SECONDS / 0.05)):
-        if metric(server, counter) >= 1:
-            return
-        waited.wait(0.05)
-    raise AssertionError(f"the server never ended the cancelled {method}:\n{server.log()}")
+    wait_until(lambda: metric(server, handled(method, "CANCELLED")) >= 1,
+               f"the server ended the cancelled {method}", server, WAIT_SECONDS)
 
 
 def _start_slow(server, handshake: Path) -> None:
@@ -121,26 +113,21 @@ def test_a_create_whose_deadline_passes_mid_capture_runs_to_its_end_and_its_retr
             stub.CreateCheckpoint(request, timeout=GIVE_UP_SECONDS)
         assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, gave_up.value.details()
         reached_the_end = handshake / "paused.workspace.read"
-        waited = threading.Event()
-        for _ in range(int(WAIT_SECONDS / 0.05)):
-            if reached_the_end.exists() or metric(server, abandoned("create", "deadline_exceeded")):
-                break
-            waited.wait(0.05)
+        wait_until(lambda: reached_the_end.exists() or metric(server, abandoned("create", "deadline_exceeded")),
+                   "the create given up on reached its last directory or was stopped", server, WAIT_SECONDS)
         assert reached_the_end.exists(), f"the create given up on did not go on to its last directory:\n{server.log()}"
         (handshake / "resume.workspace.read").touch()
-        for _ in range(int(WAIT_SECONDS / 0.05)):
-            if len(list_all(stub, plan_id)) == 2:
-                break
-            waited.wait(0.05)
+        wait_until(lambda: len(list_all(stub, plan_id)) == 2, "the create given up on recorded its checkpoint",
+                   server, WAIT_SECONDS)
         [_, recorded] = list_all(stub, plan_id)
         assert recorded.description == "given up on" and recorded.sequence == 2
-        assert exported(stub, recorded.checkpoint_id) == _captured(root)
+        assert exported(stub, recorded.checkpoint_id) == captured(root)
         assert stub.CreateCheckpoint(request, timeout=120).checkpoint.checkpoint_id == recorded.checkpoint_id
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [first.checkpoint_id, recorded.checkpoint_id]
         (root / "d01" / "notes.txt").write_text("changed after the retry\n")
         (root / "new.txt").unlink()
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, after.checkpoint_id) == _captured(root)
+        assert exported(stub, after.checkpoint_id) == captured(root)
     assert metric(server, abandoned("create", "deadline_exceeded")) == 0
     assert "abandoned" not in server.log()
     # The call is recorded as its caller saw it end, though its capture went on.
@@ -166,7 +153,7 @@ def test_a_rollback_cancelled_during_its_safety_capture_changes_nothing_and_its_
         stub = pb_grpc.CheckpointServiceStub(channel)
         target = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root)),
                                        timeout=60).checkpoint
-    wanted = _captured(root)
+    wanted = captured(root)
     server.stop()
     for i in range(0, DIRECTORIES, 3):
         (root / f"d{i:02}" / "notes.txt").write_text(f"edited {i}\n")
@@ -236,19 +223,13 @@ def test_a_rollback_cancelled_once_its_safety_checkpoint_is_committed_runs_to_it
         request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id, request_id=str(ULID()))
         call = stub.Rollback.future(request, timeout=120)
         paused = handshake / f"paused.{point}"
-        waited = threading.Event()
-        for _ in range(int(WAIT_SECONDS / 0.01)):
-            if paused.exists() or call.done():
-                break
-            waited.wait(0.01)
+        wait_until(lambda: paused.exists() or call.done(), "the rollback paused or ended", server, WAIT_SECONDS)
         assert paused.exists(), f"the rollback never paused: {call.exception() if call.done() else server.log()}"
         assert call.cancel(), "the rollback ended before it was cancelled"
         _wait_until_given_up(server, "Rollback")  # before the rollback goes on
         (handshake / f"resume.{point}").touch()
-        for _ in range(int(WAIT_SECONDS / 0.05)):
-            if not pending_rollbacks(server) and tree_state(root) == wanted:
-                break
-            waited.wait(0.05)
+        wait_until(lambda: not pending_rollbacks(server) and tree_state(root) == wanted,
+                   "the rollback past its commit point ran to its end", server, WAIT_SECONDS)
         assert tree_state(root) == wanted, "a rollback past its commit point runs to its end"
         assert pending_rollbacks(server) == []
         replayed = stub.Rollback(request, timeout=60)

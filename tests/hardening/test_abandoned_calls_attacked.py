@@ -39,12 +39,14 @@ from tests.conftest import RunningServer
 from tests.hardening.support import (
     abandoned,
     assert_fsck_clean,
+    captured,
     exported,
     handled,
     list_all,
     metric,
     pending_rollbacks,
     start_with_faults,
+    wait_until,
 )
 from tests.helpers import tree_state
 
@@ -52,8 +54,6 @@ from tests.helpers import tree_state
 DIRECTORIES = 12
 #: The read a capture pauses at: the capture has read the first PAUSE_AT - 1 directories whole.
 PAUSE_AT = 4
-#: How long a test waits for what the server does (it is done long before).
-WAIT_SECONDS = 60.0
 
 
 def _populate(root: Path) -> None:
@@ -68,20 +68,6 @@ def _populate(root: Path) -> None:
     (root / "big.bin").write_bytes(bytes(range(256)) * (12 * 1024))  # 3 MiB: read in chunks
 
 
-def _captured(root: Path) -> dict[str, tuple]:
-    """What a checkpoint of ``root`` must hold: everything but the ignored files."""
-    return {path: value for path, value in tree_state(root).items() if not path.endswith(".log")}
-
-
-def _wait(condition, what: str, server) -> None:
-    waited = threading.Event()
-    for _ in range(int(WAIT_SECONDS / 0.02)):
-        if condition():
-            return
-        waited.wait(0.02)
-    raise AssertionError(f"{what}, never:\n{server.log()}")
-
-
 class Faults:
     """The handshake directory of a server's PAUSE faults."""
 
@@ -93,7 +79,7 @@ class Faults:
         return (self.dir / f"paused.{point}").exists()
 
     def wait_paused(self, point: str, server, call=None) -> None:
-        _wait(lambda: self.paused(point) or (call is not None and call.done()), f"a pause at {point}", server)
+        wait_until(lambda: self.paused(point) or (call is not None and call.done()), f"a pause at {point}", server)
         assert self.paused(point), f"the call ended before it paused at {point}: {call.exception()}"
 
     def resume(self, point: str) -> None:
@@ -108,6 +94,24 @@ def _start(server: RunningServer, faults: Faults, **variables: str) -> None:
 
 def _full_log(server: RunningServer) -> str:
     return server.log_path.read_text(errors="replace")
+
+
+def _retried_after_a_restart_restores(server: RunningServer, faults: Faults, root: Path, request: pb.RollbackRequest,
+                                      wanted: dict, before: dict) -> None:
+    """The server started again: the rollback given up on recorded nothing (its target is the
+    plan's only checkpoint), and ``request`` retried restores ``root`` to ``wanted`` exactly, its
+    safety checkpoint holding ``before`` less the ignored files; the log is sane and fsck clean."""
+    _start(server, faults)
+    with grpc.insecure_channel(server.tcp_target) as channel:
+        stub = pb_grpc.CheckpointServiceStub(channel)
+        assert [c.checkpoint_id for c in list_all(stub, request.plan_id)] == [request.checkpoint_id]
+        reply = stub.Rollback(request, timeout=120)
+        assert captured(root) == wanted
+        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == {
+            p: v for p, v in before.items() if not p.endswith(".log")}
+    server.stop()
+    _assert_log_sane(server)
+    assert_fsck_clean(server)
 
 
 def _assert_log_sane(server: RunningServer) -> None:
@@ -148,7 +152,7 @@ def test_a_rollback_given_up_with_a_create_queued_and_writes_racing_its_capture(
     faults = Faults(tmp_path / "faults")
     _start(server, faults)
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     server.stop()
     _edit(root, "before")
     _start(server, faults, CHECKPOINTD_PAUSE_AT=f"workspace.read:{PAUSE_AT}")
@@ -167,25 +171,25 @@ def test_a_rollback_given_up_with_a_create_queued_and_writes_racing_its_capture(
         queued = stub.CreateCheckpoint.future(pb.CreateCheckpointRequest(plan_id=plan_id, description="queued"),
                                               timeout=120)
         assert call.cancel(), "the rollback ended before it was given up on"
-        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         before = tree_state(root)
         faults.resume("workspace.read")
         created = queued.result().checkpoint
-        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        wait_until(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert _full_log(server).count(f"rollback of plan {plan_id} abandoned") == 1
         assert tree_state(root) == before, "a rollback given up on in its capture changes no file"
         assert pending_rollbacks(server) == []
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id, created.checkpoint_id]
-        assert exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == captured(root)
 
         _edit(root, "after")
         (root / "fresh" / "x.txt").write_text("changed after\n")
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, after.checkpoint_id) == _captured(root)
+        assert exported(stub, after.checkpoint_id) == captured(root)
 
-        current = _captured(root)
+        current = captured(root)
         reply = stub.Rollback(rollback, timeout=120)
-        assert _captured(root) == wanted
+        assert captured(root) == wanted
         assert exported(stub, reply.safety_checkpoint.checkpoint_id) == current
     assert pending_rollbacks(server) == []
     server.stop()
@@ -213,14 +217,14 @@ def test_a_live_diff_given_up_on_poisons_nothing_the_next_capture_builds_on(idle
                                            timeout=2.0)
         faults.wait_paused("workspace.read", server, call)
         assert call.exception(timeout=30).code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        _wait(lambda: metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) >= 1,
+        wait_until(lambda: metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) >= 1,
               "the handler ended", server)
         (root / "d00" / "notes.txt").write_text("x" * len("looked-at 0\n"))  # same size, new content
         (root / "d02" / "notes.txt").write_text("changed after the look\n")
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
+        wait_until(lambda: metric(server, abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == captured(root)
         live = stub.DiffCheckpoints(pb.DiffCheckpointsRequest(base_checkpoint_id=created.checkpoint_id),
                                     timeout=120)
         assert list(live.changes) == []
@@ -245,22 +249,22 @@ def test_a_rollback_given_up_on_right_after_its_last_check_runs_to_its_end(idle_
     faults = Faults(tmp_path / "faults")
     _start(server, faults, CHECKPOINTD_PAUSE_AT="rollback.planned:1")
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     _edit(root, "second")
-    before = _captured(root)
+    before = captured(root)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id, request_id=str(ULID()))
         call = stub.Rollback.future(request, timeout=120)
         faults.wait_paused("rollback.planned", server, call)
         assert call.cancel()
-        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("rollback.planned")
-        _wait(lambda: _captured(root) == wanted and not pending_rollbacks(server), "the restore", server)
+        wait_until(lambda: captured(root) == wanted and not pending_rollbacks(server), "the restore", server)
         [_, safety] = list_all(stub, plan_id)
         assert exported(stub, safety.checkpoint_id) == before
         assert stub.Rollback(request, timeout=60).safety_checkpoint.checkpoint_id == safety.checkpoint_id
-        assert _captured(root) == wanted
+        assert captured(root) == wanted
     assert metric(server, abandoned("rollback", "cancelled")) == 0
     assert "abandoned" not in _full_log(server)
     server.stop()
@@ -276,7 +280,7 @@ def test_a_rollback_given_up_on_while_it_waits_for_its_plan_never_happens_later(
     faults = Faults(tmp_path / "faults")
     _start(server, faults, CHECKPOINTD_PAUSE_AT="create.captured:2")
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     _edit(root, "second")
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
@@ -287,7 +291,7 @@ def test_a_rollback_given_up_on_while_it_waits_for_its_plan_never_happens_later(
         with pytest.raises(grpc.RpcError) as gave_up:
             stub.Rollback(request, timeout=1.0)
         assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        _wait(lambda: metric(server, handled("Rollback", "DEADLINE_EXCEEDED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "DEADLINE_EXCEEDED")) >= 1, "the handler ended", server)
         before = tree_state(root)
         faults.resume("create.captured")
         held = holding.result().checkpoint
@@ -298,7 +302,7 @@ def test_a_rollback_given_up_on_while_it_waits_for_its_plan_never_happens_later(
                                                                       later.checkpoint_id]
         assert pending_rollbacks(server) == []
         reply = stub.Rollback(request, timeout=120)
-        assert _captured(root) == wanted
+        assert captured(root) == wanted
         assert exported(stub, reply.safety_checkpoint.checkpoint_id) == exported(stub, later.checkpoint_id)
     server.stop()
     _assert_log_sane(server)
@@ -313,7 +317,7 @@ def test_a_server_stopped_during_a_rollbacks_capture_stops_it_and_restarts_clean
     faults = Faults(tmp_path / "faults")
     _start(server, faults)
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     server.stop()
     _edit(root, "second")
     before = tree_state(root)
@@ -332,17 +336,7 @@ def test_a_server_stopped_during_a_rollbacks_capture_stops_it_and_restarts_clean
     assert _full_log(server).count(f"rollback of plan {plan_id} abandoned") == 1, server.log()
     assert tree_state(root) == before
     assert pending_rollbacks(server) == []
-    _start(server, faults)
-    with grpc.insecure_channel(server.tcp_target) as channel:
-        stub = pb_grpc.CheckpointServiceStub(channel)
-        assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
-        reply = stub.Rollback(request, timeout=120)
-        assert _captured(root) == wanted
-        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == {
-            p: v for p, v in before.items() if not p.endswith(".log")}
-    server.stop()
-    _assert_log_sane(server)
-    assert_fsck_clean(server)
+    _retried_after_a_restart_restores(server, faults, root, request, wanted, before)
 
 
 def test_a_server_killed_right_after_a_rollback_was_abandoned_recovers_clean(idle_server, tmp_path):
@@ -353,7 +347,7 @@ def test_a_server_killed_right_after_a_rollback_was_abandoned_recovers_clean(idl
     faults = Faults(tmp_path / "faults")
     _start(server, faults)
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     server.stop()
     _edit(root, "second")
     (root / "d00" / "large.bin").write_bytes(b"K" * (3 << 20))  # staged, then dropped
@@ -365,24 +359,14 @@ def test_a_server_killed_right_after_a_rollback_was_abandoned_recovers_clean(idl
         call = stub.Rollback.future(request, timeout=120)
         faults.wait_paused("workspace.read", server, call)
         assert call.cancel()
-        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        wait_until(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
     server.kill()
     assert tree_state(root) == before
     assert pending_rollbacks(server) == []
     assert_fsck_clean(server)
-    _start(server, faults)
-    with grpc.insecure_channel(server.tcp_target) as channel:
-        stub = pb_grpc.CheckpointServiceStub(channel)
-        assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
-        reply = stub.Rollback(request, timeout=120)
-        assert _captured(root) == wanted
-        assert exported(stub, reply.safety_checkpoint.checkpoint_id) == {
-            p: v for p, v in before.items() if not p.endswith(".log")}
-    server.stop()
-    _assert_log_sane(server)
-    assert_fsck_clean(server)
+    _retried_after_a_restart_restores(server, faults, root, request, wanted, before)
 
 
 def _packs(server: RunningServer) -> list[Path]:
@@ -420,11 +404,11 @@ def test_a_rollback_retried_after_an_abandoned_one_and_a_crash_has_its_safety_ch
     rotate = {"CHECKPOINTD_PACK_ROTATE_BYTES": "2048"}
     _start(server, faults, **rotate)
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     server.stop()
     for i in range(DIRECTORIES - 1):  # new contents in every directory the capture reads whole
         (root / f"d{i:02}" / "notes.txt").write_text(f"only in the workspace {i}: " + "z" * 300 + "\n")
-    before = _captured(root)
+    before = captured(root)
     # Pauses at the last directory: every other one has been read and its node written.
     _start(server, faults, CHECKPOINTD_PAUSE_AT=f"workspace.read:{DIRECTORIES}", **rotate)
     request = pb.RollbackRequest(plan_id=plan_id, checkpoint_id=target.checkpoint_id, request_id=str(ULID()))
@@ -433,16 +417,16 @@ def test_a_rollback_retried_after_an_abandoned_one_and_a_crash_has_its_safety_ch
         call = stub.Rollback.future(request, timeout=120)
         faults.wait_paused("workspace.read", server, call)
         assert call.cancel()
-        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        wait_until(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
     server.kill()
     _start(server, faults, **rotate)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         reply = stub.Rollback(request, timeout=120)
         safety = reply.safety_checkpoint.checkpoint_id
-        assert _captured(root) == wanted
+        assert captured(root) == wanted
         assert exported(stub, safety) == before
     server.stop()
     cut = _lose_what_no_sync_covered(server)
@@ -483,7 +467,7 @@ def test_a_rollback_given_up_on_while_another_replica_holds_the_plan_never_happe
             stub_a, stub_b = pb_grpc.CheckpointServiceStub(a), pb_grpc.CheckpointServiceStub(b)
             target = stub_a.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root)),
                                              timeout=60).checkpoint
-            wanted = _captured(root)
+            wanted = captured(root)
             _edit(root, "second")
             holding = stub_a.CreateCheckpoint.future(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120)
             faults.wait_paused("create.captured", first, holding)
@@ -492,18 +476,19 @@ def test_a_rollback_given_up_on_while_another_replica_holds_the_plan_never_happe
             with pytest.raises(grpc.RpcError) as gave_up:
                 stub_b.Rollback(request, timeout=1.0)
             assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-            _wait(lambda: metric(second, handled("Rollback", "DEADLINE_EXCEEDED")) >= 1, "B ended the handler", second)
+            wait_until(lambda: metric(second, handled("Rollback", "DEADLINE_EXCEEDED")) >= 1, "B ended the handler",
+                       second)
             before = tree_state(root)
             faults.resume("create.captured")
             held = holding.result().checkpoint
-            _wait(lambda: metric(second, abandoned("rollback", "deadline_exceeded")) >= 1,
+            wait_until(lambda: metric(second, abandoned("rollback", "deadline_exceeded")) >= 1,
                   "B's rollback counted as abandoned", second)
             assert _full_log(second).count(f"rollback of plan {plan_id} abandoned") == 1
             assert tree_state(root) == before
             assert [c.checkpoint_id for c in list_all(stub_b, plan_id)] == [target.checkpoint_id, held.checkpoint_id]
             assert pending_rollbacks(second) == []
             reply = stub_b.Rollback(request, timeout=120)
-            assert _captured(root) == wanted
+            assert captured(root) == wanted
             assert exported(stub_a, reply.safety_checkpoint.checkpoint_id) == exported(stub_a, held.checkpoint_id)
         for server in servers:
             server.stop()
@@ -559,19 +544,19 @@ def test_a_rollback_given_up_on_while_reader_processes_read_for_it(idle_server, 
         faults.wait_paused("workspace.read", server, call)
         assert _children(server.process.pid), "reader processes read for the capture"
         assert call.cancel()
-        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        wait_until(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert tree_state(root) == before
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id, first.checkpoint_id]
         assert pending_rollbacks(server) == []
         (root / "d11" / "many000.txt").write_text("third\n")
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, created.checkpoint_id) == _captured(root)
-        current = _captured(root)
+        assert exported(stub, created.checkpoint_id) == captured(root)
+        current = captured(root)
         reply = stub.Rollback(request, timeout=120)
         assert exported(stub, reply.safety_checkpoint.checkpoint_id) == current
-        assert exported(stub, first.checkpoint_id) == _captured(root)
+        assert exported(stub, first.checkpoint_id) == captured(root)
     server.stop()
     _assert_log_sane(server)
     assert_fsck_clean(server)
@@ -600,7 +585,7 @@ def test_calls_given_up_on_at_random_moments_while_garbage_collection_runs(idle_
         stub = pb_grpc.CheckpointServiceStub(channel)
         target = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(root)),
                                        timeout=60).checkpoint
-        recorded[target.checkpoint_id] = wanted = _captured(root)
+        recorded[target.checkpoint_id] = wanted = captured(root)
         kept = [target.checkpoint_id]
         fds = []
         for step in range(10):
@@ -631,7 +616,7 @@ def test_calls_given_up_on_at_random_moments_while_garbage_collection_runs(idle_
                 assert error.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED), error
             settled = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
             assert pending_rollbacks(server) == []
-            now = _captured(root)
+            now = captured(root)
             if kind == "rollback" and now == wanted:
                 pass  # it went past its commit point and restored its target
             else:
@@ -668,7 +653,7 @@ def test_an_incremental_capture_given_up_on_with_writes_racing_it_leaves_the_nex
     # The seed's full capture reads DIRECTORIES .gitignore files; the rollback's reads 3 more, then pauses.
     _start(server, faults, CHECKPOINTD_PAUSE_AT=f"workspace.read:{DIRECTORIES + 3}")
     root, plan_id, target = _seed(server)
-    wanted = _captured(root)
+    wanted = captured(root)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         _edit(root, "watched")
@@ -686,18 +671,18 @@ def test_an_incremental_capture_given_up_on_with_writes_racing_it_leaves_the_nex
         (root / "d11" / "late.txt").write_text("a new file in a directory it had no change for\n")
         (root / "fresh" / "x.txt").unlink()
         assert call.cancel()
-        _wait(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("Rollback", "CANCELLED")) >= 1, "the handler ended", server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
+        wait_until(lambda: metric(server, abandoned("rollback", "cancelled")) >= 1, "the rollback counted", server)
         assert [c.checkpoint_id for c in list_all(stub, plan_id)] == [target.checkpoint_id]
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == captured(root)
         (root / "d04" / "notes.txt").write_text("after the create\n")
         (root / "fresh" / "y.txt").write_text("after the create\n")
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, after.checkpoint_id) == _captured(root)
+        assert exported(stub, after.checkpoint_id) == captured(root)
         reply = stub.Rollback(request, timeout=120)
-        assert _captured(root) == wanted
+        assert captured(root) == wanted
         assert exported(stub, reply.safety_checkpoint.checkpoint_id) == exported(stub, after.checkpoint_id)
     server.stop()
     _assert_log_sane(server)
@@ -728,15 +713,16 @@ def test_a_create_after_a_live_diff_given_up_on_and_a_crash_has_its_objects_dura
                                            timeout=2.0)
         faults.wait_paused("workspace.read", server, call)
         assert call.exception(timeout=30).code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        _wait(lambda: metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) >= 1, "the handler ended", server)
+        wait_until(lambda: metric(server, handled("DiffCheckpoints", "DEADLINE_EXCEEDED")) >= 1, "the handler ended",
+                   server)
         faults.resume("workspace.read")
-        _wait(lambda: metric(server, abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
+        wait_until(lambda: metric(server, abandoned("diff", "deadline_exceeded")) >= 1, "the diff counted", server)
     server.kill()
     _start(server, faults, **rotate)
     with grpc.insecure_channel(server.tcp_target) as channel:
         stub = pb_grpc.CheckpointServiceStub(channel)
         created = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, created.checkpoint_id) == _captured(root)
+        assert exported(stub, created.checkpoint_id) == captured(root)
     server.stop()
     cut = _lose_what_no_sync_covered(server)
     _start(server, faults, **rotate)
@@ -747,6 +733,6 @@ def test_a_create_after_a_live_diff_given_up_on_and_a_crash_has_its_objects_dura
         except grpc.RpcError as error:
             raise AssertionError(f"the checkpoint lost files to a power loss after it was acknowledged "
                                  f"({error.code().name}: {error.details()}); packs cut: {cut}") from None
-        assert recorded == _captured(root), f"packs cut: {cut}"
+        assert recorded == captured(root), f"packs cut: {cut}"
     server.stop()
     assert_fsck_clean(server)

@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import grpc
 from ulid import ULID
 
 from checkpoint.v1 import checkpoint_service_pb2 as pb
 from checkpoint.v1 import checkpoint_service_pb2_grpc as pb_grpc
-from tests.hardening.support import abandoned, assert_fsck_clean, exported, list_all, metric, start_with_faults
+from tests.hardening.support import (
+    abandoned,
+    assert_fsck_clean,
+    captured,
+    exported,
+    list_all,
+    metric,
+    start_with_faults,
+    wait_until,
+)
 from tests.helpers import tree_state
 
 #: Files a rollback's safety capture finds changed: enough that it is still reading them when its caller gives up.
@@ -31,19 +39,6 @@ def _captures(mode: str) -> str:
     return f'checkpointd_capture_seconds_count{{mode="{mode}"}}'
 
 
-def _held(root: Path, ignored=lambda path: path.endswith(".log")) -> dict[str, tuple]:
-    return {path: value for path, value in tree_state(root).items() if not ignored(path)}
-
-
-def _wait_for(server, counter: str, at_least: float) -> None:
-    waited = threading.Event()
-    for _ in range(int(WAIT_SECONDS / 0.02)):
-        if metric(server, counter) >= at_least:
-            return
-        waited.wait(0.02)
-    raise AssertionError(f"{counter} never reached {at_least}:\n{server.log()}")
-
-
 def _give_up_on_rollback(stub, server, plan_id: str, target_id: str, during, after_seconds: float) -> None:
     """A rollback to ``target_id``, cancelled ``after_seconds`` after it was sent (``during`` runs
     meanwhile); returns once the server counted its capture as stopped."""
@@ -53,7 +48,8 @@ def _give_up_on_rollback(stub, server, plan_id: str, target_id: str, during, aft
     during()
     threading.Event().wait(after_seconds)
     assert call.cancel(), "the rollback ended before it was given up on"
-    _wait_for(server, abandoned("rollback", "cancelled"), stopped + 1)
+    wait_until(lambda: metric(server, abandoned("rollback", "cancelled")) >= stopped + 1,
+               "the server counted the rollback's capture as stopped", server, WAIT_SECONDS)
 
 
 def test_a_rollback_stopped_mid_capture_keeps_its_base_and_the_next_create_misses_nothing(idle_server):
@@ -112,7 +108,7 @@ def test_a_rollback_stopped_mid_capture_keeps_its_base_and_the_next_create_misse
         (root / "many" / "f0007.txt").write_text("first 7\n")
         incremental, full = metric(server, _captures("incremental")), metric(server, _captures("full"))
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, after.checkpoint_id) == _held(
+        assert exported(stub, after.checkpoint_id) == captured(
             root, lambda path: path.endswith(".log") or path == "d3/notes.txt")
         assert (metric(server, _captures("incremental")), metric(server, _captures("full"))) == (
             incremental + 1, full), "the create after the stopped capture built on the base it kept"
@@ -158,6 +154,6 @@ def test_a_rollback_stopped_while_it_scans_a_directory_again_leaves_no_base(idle
         (root / "tree" / "s11" / "unseen.txt").write_text("written where no watch was\n")
         (root / "tree" / "s10" / "notes.txt").write_text("edited where no watch was\n")
         after = stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id), timeout=120).checkpoint
-        assert exported(stub, after.checkpoint_id) == _held(root)
+        assert exported(stub, after.checkpoint_id) == captured(root)
     server.stop()
     assert_fsck_clean(server)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from checkpointd.core.restore.restorer import Restorer
-from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import Change, Entry, EntryKind, Trees
+from checkpointd.core.store.tree import Change, Entry, EntryKind
 from checkpointd.core.workspace import syncbatch
 from checkpointd.core.workspace.workspace import Workspace
 
@@ -53,15 +51,6 @@ def test_a_mode_set_within_a_batch_is_synced_at_its_flush(tmp_path: Path, synced
         pending.flush()
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o700
     assert _durable(synced, tmp_path / "d", 0o700), synced
-
-
-@pytest.fixture
-def restorer(tmp_path: Path) -> Iterator[Restorer]:
-    store = ContentStore(tmp_path / "store")
-    try:
-        yield Restorer(store, Trees(store))
-    finally:
-        store.close()
 
 
 def test_a_rollback_that_only_changes_a_directorys_mode_syncs_it_before_returning(

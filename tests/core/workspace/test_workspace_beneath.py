@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ import pytest
 from checkpointd.core.kernel.errors import FailedPrecondition
 from checkpointd.core.restore import restorer as restorer_module
 from checkpointd.core.restore.restorer import Restorer
-from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import Entry, EntryKind, Trees
+from checkpointd.core.store.tree import Entry, EntryKind
 from checkpointd.core.workspace import beneath, syncbatch
 from checkpointd.core.workspace.workspace import UnsafePath, Workspace
 from tests.helpers import descriptors_under
@@ -142,15 +140,6 @@ def test_a_directory_swapped_for_a_symlink_during_a_batch_is_never_written_throu
         pending.flush()
     assert list(outside.iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "moved-away").iterdir()) == ["x"]
-
-
-@pytest.fixture
-def restorer(tmp_path: Path) -> Iterator[Restorer]:
-    store = ContentStore(tmp_path / "store")
-    try:
-        yield Restorer(store, Trees(store))
-    finally:
-        store.close()
 
 
 def _stored(restorer: Restorer, content: bytes) -> Entry:

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from checkpointd.core.restore.restorer import ApplyInterrupted, Restorer
-from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import Change, Entry, EntryKind, Trees
+from checkpointd.core.store.tree import Change, Entry, EntryKind
 from checkpointd.core.workspace import syncbatch
 from checkpointd.core.workspace.workspace import TEMP_PREFIX, Workspace
 from tests.helpers import descriptors_under
@@ -80,13 +79,6 @@ def test_a_restored_symlink_is_renamed_into_place_and_its_directory_synced(tmp_p
     assert os.readlink(tmp_path / "link") == "target.txt"
     assert [call[0] for call in calls] == ["rename", "fsync-dir"], calls
     assert calls[1][1] == tmp_path.stat().st_ino
-
-
-@pytest.fixture
-def restorer(tmp_path: Path) -> Restorer:
-    store = ContentStore(tmp_path / "store")
-    yield Restorer(store, Trees(store))
-    store.close()
 
 
 def _stored(restorer: Restorer, content: bytes, mode: int = 0o644) -> Entry:
