@@ -6,7 +6,8 @@ directory that holds the new name is synced after the rename.
 A rollback batches those syncs (``SyncBatch``): every file is written and renamed first, then
 each renamed file (with all of its content) and each directory whose entries changed is synced
 before ``Restorer.apply`` returns, which is before the rollback's journal entry goes and the
-rollback is acknowledged. An undo keeps one sync per file, before its rename."""
+rollback is acknowledged. An undo keeps one sync per file, before its rename, and syncs the
+directory of each change right after it (see test_each_change_of_an_undo_is_synced_before_the_next_begins)."""
 
 from __future__ import annotations
 
@@ -137,10 +138,14 @@ def test_an_undo_syncs_each_file_before_renaming_it(tmp_path: Path, restorer: Re
     changes = _rollback_changes(restorer, tmp_path)
     calls.clear()
 
-    restorer.apply(Workspace(str(tmp_path / "ws")), changes, batched=False)
+    ws = tmp_path / "ws"
+    restorer.apply(Workspace(str(ws)), changes, batched=False)
 
-    kinds = [call[0] for call in calls if call[0] != "unlink"]
-    assert kinds == ["fsync-file", "rename", "fsync-dir"] * 3, calls
+    # gone.txt removed, then sub made (each synced in the root), the three files, sub's mode
+    assert [call[0] for call in calls] == (["unlink", "fsync-dir", "fsync-dir"]
+                                           + ["fsync-file", "rename", "fsync-dir"] * 3 + ["fsync-dir"]), calls
+    root, sub = ws.stat().st_ino, (ws / "sub").stat().st_ino
+    assert [call[1] for call in calls if call[0] == "fsync-dir"] == [root, root, root, root, sub, sub], calls
 
 
 def test_what_an_interrupted_rollback_wrote_is_synced_before_it_reports_the_interruption(

@@ -91,11 +91,13 @@ class Recovery:
     def resume(self, entry: JournalEntry) -> None:
         """Brings the paths an unfinished rollback covers to its goal (the target; for an undo, the
         safety checkpoint, at the paths that still hold what the rollback wrote), then drops its
-        entry. If the workspace is no longer what this rollback's newest safety checkpoint holds (the
-        rollback got part-way, or someone wrote since), it is recorded as a new safety checkpoint
-        first: once per change, however often an attempt fails. An
-        entry whose plan moved on is dropped unapplied. Called with the plan's lock and the store's
-        ``referencing`` fence held (taking the fence again could wait forever behind a collection)."""
+        entry, once the file systems it wrote to are synced (what a process killed before its flush
+        left in the kernel's cache included). If the workspace is no longer what this rollback's
+        newest safety checkpoint holds (the rollback got part-way, or someone wrote since), it is
+        recorded as a new safety checkpoint first: once per change, however often an attempt
+        fails. An entry whose plan moved on is dropped unapplied. Called with the plan's lock and
+        the store's ``referencing`` fence held (taking the fence again could wait forever behind a
+        collection)."""
         parts = self.parts
         windows = OpenedWindows(parts.journal, entry, partial(parts.registry.check_held, entry.plan_id))
         workspace = windows.workspace()
@@ -151,6 +153,9 @@ class Recovery:
             if changes:
                 parts.restorer.apply(workspace, changes, seen, batched=entry.goal is Goal.COMPLETE,
                                      keep_going=windows.still_ours)
+        # Whoever left the entry may have died after renaming files into place, before its batch's
+        # flush: planned again, those paths already hold the goal, so nothing above synced them.
+        workspace.sync_file_systems(entry.directories)
         crash_point(Point.ROLLBACK_APPLIED)
         parts.journal.remove(entry.plan_id)
 

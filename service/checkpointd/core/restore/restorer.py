@@ -32,8 +32,15 @@ made durable together at the end (``SyncBatch``: concurrent fsyncs), before ``ap
 and so before the journal entry goes and the rollback is acknowledged. A power cut before that
 leaves the journal entry, whose recovery records whatever the workspace then holds (a renamed
 file whose content did not reach the disk included) and brings every covered path to the
-target. An undo is applied with a sync per file (``batched=False``): it takes back only paths
-that still hold what the rollback wrote, so what it writes must never be seen half-durable.
+target. An undo is applied one change at a time, each durable before the next begins
+(``batched=False``): a file's content is synced before its rename, and the directory a change
+renamed, removed (unlink, rmdir) or made (mkdir) an entry in, or set the mode of, is synced right
+after it (``Workspace._changing``). It takes back only paths that still hold what the rollback
+wrote, so what it writes must never be seen half-durable; and its journal entry is removed right
+after it without a sync, which the next synced commit of any checkpoint makes durable while
+nothing syncs the workspace again: a removal or a new directory still unsynced then could be
+lost in a power cut with no entry left to finish the undo (a new directory holding the user's
+files included: their fsyncs do not make its entry in its parent durable).
 When applying stops part-way, what was written is made durable before ``ApplyInterrupted`` is
 raised, so the undo it leads to is recorded against writes that are on the disk.
 """
@@ -293,7 +300,7 @@ class Restorer:
         bases; ``seen``: the stat identities of files, from the capture's stat index) just before
         it is replaced or removed. Idempotent: applying the same changes again, as planned on a
         new capture, finishes a partial run. Everything is durable when it returns or raises
-        ``ApplyInterrupted`` (``batched``: synced together at the end; else one path at a time).
+        ``ApplyInterrupted`` (``batched``: synced together at the end; else each change before the next).
         ``keep_going`` is called before each change: what it raises stops the run where it is
         (nothing undone, what was written left for whoever finishes the rollback). A read-only
         directory's owner-write window is journaled once for the run (``Workspace.windows_open``)."""

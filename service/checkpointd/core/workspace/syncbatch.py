@@ -261,6 +261,20 @@ def _synced_whole_file_systems(fds: list[int]) -> bool:
     return True
 
 
+def sync_file_systems(fds: list[int]) -> None:
+    """Everything written to the file systems of ``fds`` is durable when this returns: one syncfs
+    per file system where syncfs reports write errors, else sync(2) (which reports none). A write
+    error syncfs reports is raised: what it names may not be on the disk."""
+    one_each = list({os.fstat(fd).st_dev: fd for fd in fds}.values())
+    try:
+        for fd in one_each:
+            _syncfs(fd)
+    except OSError as exc:
+        if exc.errno:
+            raise
+        os.sync()
+
+
 def _sync(fd: int) -> OSError | None:
     try:
         os.fsync(fd)

@@ -10,9 +10,12 @@ and must still be the one opened (``_still_at``), so a directory moved out of th
 file was being written into it is never changed. Files
 are replaced atomically (temporary name in the same directory, fsync, rename); the rename
 replaces a symlink itself, never what it points to, and never writes into a hard-linked
-inode. Within ``batched_sync`` the fsyncs are deferred instead: each file and directory
-written joins a ``SyncBatch`` that the caller flushes before it acknowledges anything (a
-rollback's journal entry covers the writes until then; see ``restore``).
+inode. Outside a batch every change is on the disk when its call returns: a file's content
+before its rename, and the directory whose entry was renamed, removed or made, or whose mode was
+set, right after the change (``_changing``; an undo relies on it, see ``restore``). Within
+``batched_sync`` the fsyncs are deferred instead: each file and directory written joins a
+``SyncBatch`` that the caller flushes before it acknowledges anything (a rollback's journal entry
+covers the writes until then; see ``restore``).
 
 Every call that replaces or removes a path takes a ``check``: called with the parent
 directory's fd and the name just before the rename, unlink, rmdir or mkdir, it raises if the
@@ -35,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
-from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed
+from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed, sync_file_systems
 from checkpointd.core.workspace.windows import Window, WindowJournal, born_ns
 
 log = logging.getLogger("checkpointd.workspace")
@@ -183,8 +186,8 @@ class Workspace:
         """Directory ``fd`` (at ``path``) is about to have an entry created, renamed or removed, or
         its mode set: durable at the batch's flush. Called before the change (and before its check,
         to keep the check-to-change window short): joining may flush a full batch, and if that
-        fails nothing must have changed yet. Only batched: unbatched removals, mkdirs and modes
-        stay unsynced, as before."""
+        fails nothing must have changed yet. Only batched: unbatched, the change syncs the
+        directory itself once it is made (``_changing``, ``set_dir_mode``)."""
         if self._pending is not None:
             self._pending.add_dir(path, fd)
 
@@ -263,7 +266,7 @@ class Workspace:
                     self.windows.closed(window)
 
     @contextlib.contextmanager
-    def _changing(self, path: str) -> Iterator[int]:
+    def _changing(self, path: str, sync: bool = True) -> Iterator[int]:
         """``dir_fd`` for a change to the entries of directory ``path``. One without its owner's
         write bit (a read-only directory the user made, or a rollback restored and its undo must
         take back) gets the bit for the change when the server owns it, so a server that is not
@@ -271,16 +274,27 @@ class Workspace:
         window (``windows``), journaled before it opens, closed through the same fd right after
         the change, and then only if nobody changed the mode meanwhile. The window spans one
         change, not the run: a capture meanwhile (another plan's, whose workspace holds this one)
-        records the user's mode."""
+        records the user's mode.
+
+        Unbatched (outside ``batched_sync``), the change is on the disk before the caller goes on
+        (an undo counts a change done only then; see ``restore.restorer``): a rename is synced by
+        ``_replace`` right after it (``sync=False`` here), any other change (a new or removed
+        entry) by this block when it has made it, after the window closes; and with a window, the
+        directory is synced after its mode is set back in any case, so that the user's mode is on
+        the disk too. Not when the block raises: its change is not counted done, and whoever
+        finishes the rollback sees what the disk holds. Batched, the caller joins the directory to
+        the batch instead (``_synced_dir``)."""
         with self.dir_fd(path) as fd:
             window = self._open_window(path, fd)
             if window is None:
                 yield fd
-                return
-            try:
-                yield fd
-            finally:
-                self._close(window, fd)
+            else:
+                try:
+                    yield fd
+                finally:
+                    self._close(window, fd)
+            if self._pending is None and (sync or window is not None):
+                os.fsync(fd)
 
     def _open_window(self, path: str, fd: int) -> Window | None:
         """Opens ``path``'s window if it needs one (None if not)."""
@@ -333,7 +347,9 @@ class Workspace:
     def close_window(self, window: Window) -> bool:
         """Sets ``window``'s directory back to its mode if it is exactly as ``_changing`` left it
         open: a process killed with the window open left it so. Another mode, or another directory
-        at the path, means someone changed it since, which stays. Whether it set the mode back."""
+        at the path, means someone changed it since, which stays. Whether it set the mode back; the
+        mode is synced before this returns (the finisher goes on to drop the window from its
+        journal entry, and then the entry, without a sync)."""
         try:
             with self.dir_fd(window.path) as fd:
                 st = os.fstat(fd)
@@ -341,6 +357,7 @@ class Workspace:
                         or stat.S_IMODE(st.st_mode) != window.writable):
                     return False
                 os.fchmod(fd, window.mode)
+                os.fsync(fd)
                 return True
         except (FileNotFoundError, NotADirectoryError, UnsafePath):
             return False
@@ -391,7 +408,9 @@ class Workspace:
             raise Inaccessible(path, exc) from exc
 
     def make_dir(self, path: str, mode: int, check: Check = _no_check) -> None:
-        """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode."""
+        """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode.
+        Unbatched, its parent is synced before this returns (``_changing``): the new directory's
+        entry is durable before anything is written into it."""
         parent, _, name = path.rpartition("/")
         with self._changing(parent) as fd:
             self._synced_dir(parent, fd)
@@ -413,10 +432,13 @@ class Workspace:
     def set_dir_mode(self, path: str, mode: int) -> None:
         """Within a batch the directory joins it, so that its new mode is durable at the flush too
         (a directory none of whose entries changed, or a rollback that only changes a mode, would
-        otherwise have nothing synced that holds it)."""
+        otherwise have nothing synced that holds it); unbatched, the directory is synced before
+        this returns."""
         with self.dir_fd(path) as fd:
             self._synced_dir(path, fd)
             os.fchmod(fd, mode)
+            if self._pending is None:
+                os.fsync(fd)
 
     def write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check = _no_check,
                    again: Callable[[], Iterable[bytes]] | None = None) -> None:
@@ -433,7 +455,7 @@ class Workspace:
 
     def _write_file(self, path: str, chunks: Iterable[bytes], mode: int, check: Check) -> None:
         parent, _, name = path.rpartition("/")
-        with self._changing(parent) as dfd:
+        with self._changing(parent, sync=False) as dfd:
             temp = self._temp_name()
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=dfd)
@@ -459,7 +481,7 @@ class Workspace:
 
     def write_symlink(self, path: str, target: str, check: Check = _no_check) -> None:
         parent, _, name = path.rpartition("/")
-        with self._changing(parent) as dfd:
+        with self._changing(parent, sync=False) as dfd:
             temp = self._temp_name()
             os.symlink(target, temp, dir_fd=dfd)
             try:
@@ -518,8 +540,24 @@ class Workspace:
         if held is not None:
             self._pending.release_later(*held)
 
+    def sync_file_systems(self, directories: Iterable[str]) -> None:
+        """Makes durable whatever anyone wrote to the file systems of the root and of
+        ``directories`` (those still there): what a process killed before its batch's flush left
+        in the kernel's cache included, which no later write of ours would sync. OSError if the
+        file system reports a write error."""
+        fds: list[int] = []
+        try:
+            for directory in ("", *directories):
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafePath):
+                    fds.append(self._open_dir(directory))
+            sync_file_systems(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def remove_temp_files(self, directory: str, temp_tag: str) -> int:
-        """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory``."""
+        """Removes the temporary files a crashed write tagged ``temp_tag`` left in ``directory`` (unbatched:
+        the directory is synced after, see ``_changing``)."""
         prefix = f"{TEMP_PREFIX}{temp_tag}-"
         removed = 0
         try:
