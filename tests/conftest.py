@@ -41,7 +41,7 @@ CHECKPOINTD = str(Path(sys.executable).with_name("checkpointd"))
 TEST_DB_URL = os.environ.get("CHECKPOINTD_TEST_DB_URL", "")
 #: Extra `serve` arguments for every server the fixtures start.
 SERVER_ARGS = tuple(shlex.split(os.environ.get("CHECKPOINTD_TEST_SERVER_ARGS", "")))
-#: Test databases are named PREFIX<pid of the test run>_<random>, so a later run can drop a dead run's.
+#: Test databases are named PREFIX<pid of the test process>_<random>, so a later run can drop a dead run's.
 TEST_DATABASE_PREFIX = "checkpointd_test_"
 #: Where the PostgreSQL-only tests look when CHECKPOINTD_TEST_DB_URL is not set.
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -201,7 +201,9 @@ class PostgresDatabases:
             self.created.remove(name)
 
     def sweep_orphans(self) -> list[str]:
-        """Drops the test databases of test runs on this machine that died without cleaning up."""
+        """Drops the test databases of test runs on this machine that died without cleaning up.
+        A name carries the pid of the process that made it (a pytest-xdist worker's under -n), so a
+        sibling worker's, or another run's, stays while that process lives."""
         if self.server_url.host not in ("127.0.0.1", "localhost", "::1", None):
             return []
         with self._admin.connect() as connection:

@@ -30,12 +30,14 @@ def admin(pg_url: str):
 
 
 def advisory_locks(admin, name: str) -> list[tuple[bool, str]]:
-    """(granted, mode) of every session's hold or wait on the lock ``name``."""
+    """(granted, mode) of every session's hold or wait on the lock ``name`` in this test's database
+    (pg_locks shows every database's: another test run's would count too)."""
     key = lock_key(name)
     with admin.connect() as connection:
         rows = connection.execute(text(
             "SELECT granted, mode FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
-            "AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": key})
+            "AND ((classid::bigint << 32) | objid::bigint) = :key "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"), {"key": key})
         return sorted((row.granted, row.mode) for row in rows)
 
 
