@@ -141,11 +141,12 @@ def test_an_undo_syncs_each_file_before_renaming_it(tmp_path: Path, restorer: Re
     ws = tmp_path / "ws"
     restorer.apply(Workspace(str(ws)), changes, batched=False)
 
-    # gone.txt removed, then sub made (each synced in the root), the three files, sub's mode
-    assert [call[0] for call in calls] == (["unlink", "fsync-dir", "fsync-dir"]
+    # gone.txt removed (the root synced), then sub made (its own mode synced, then its entry in the
+    # root), the three files, sub's mode
+    assert [call[0] for call in calls] == (["unlink", "fsync-dir", "fsync-dir", "fsync-dir"]
                                            + ["fsync-file", "rename", "fsync-dir"] * 3 + ["fsync-dir"]), calls
     root, sub = ws.stat().st_ino, (ws / "sub").stat().st_ino
-    assert [call[1] for call in calls if call[0] == "fsync-dir"] == [root, root, root, root, sub, sub], calls
+    assert [call[1] for call in calls if call[0] == "fsync-dir"] == [root, sub, root, root, root, sub, sub], calls
 
 
 def test_what_an_interrupted_rollback_wrote_is_synced_before_it_reports_the_interruption(

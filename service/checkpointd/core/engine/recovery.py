@@ -161,9 +161,13 @@ class Recovery:
 
     def drop(self, entry: JournalEntry, why: str, session: Session | None = None) -> None:
         """Drops an entry without applying it (its temporary files are gone already). A rollback
-        not finished must not be replayed as done: its request_id's record goes too."""
+        not finished must not be replayed as done: its request_id's record goes too. What its
+        process wrote is synced first, as ``resume`` does (a workspace gone is skipped; a write
+        error raises, and the entry stays)."""
         log.warning("dropping the unfinished rollback of plan %s to %s: %s", entry.plan_id,
                     entry.target_checkpoint_id, why)
+        with contextlib.suppress(CheckpointdError):
+            Workspace(entry.workspace_root).sync_file_systems(entry.directories)
         if session is not None:
             session.connection().execute(delete(JOURNAL).where(JOURNAL.c.plan_id == entry.plan_id))
             if entry.request_id:

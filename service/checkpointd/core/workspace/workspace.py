@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
+from checkpointd.core.workspace.mounts import mount_points_under
 from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed, sync_file_systems
 from checkpointd.core.workspace.windows import Window, WindowJournal, born_ns
 
@@ -255,15 +256,35 @@ class Workspace:
     @contextlib.contextmanager
     def windows_open(self) -> Iterator[None]:
         """Within, each read-only directory's window is journaled once, however many changes open
-        it, and journaled closed when the block ends: one commit per directory per run."""
+        it, and journaled closed when the block ends: one commit per directory per run. A block
+        that ends in an error may not have synced a window's directory (a change that failed is
+        not synced, nor does its directory join a batch): each is synced first, or left
+        journaled open for whoever finishes the rollback (``close_window``) if it cannot be."""
         self._journaled = []
+        failed = True
         try:
             yield
+            failed = False
         finally:
             journaled, self._journaled = self._journaled, None
             if self.windows is not None:
                 for window in journaled:
-                    self.windows.closed(window)
+                    if not failed or self._synced_window(window):
+                        self.windows.closed(window)
+
+    def _synced_window(self, window: Window) -> bool:
+        """Syncs ``window``'s directory (its mode set back) if it is still at its path; whether
+        its close may be journaled (False: the sync failed)."""
+        try:
+            with self.dir_fd(window.path) as fd:
+                if window.same_directory(os.fstat(fd), born_ns(fd)):
+                    os.fsync(fd)
+        except (FileNotFoundError, NotADirectoryError, UnsafePath, FailedPrecondition):
+            return True  # gone or replaced: nothing of the window's is left at its path
+        except OSError as exc:
+            log.warning("could not sync directory %r after its window closed: %s", window.path, exc.strerror)
+            return False
+        return True
 
     @contextlib.contextmanager
     def _changing(self, path: str, sync: bool = True) -> Iterator[int]:
@@ -332,12 +353,18 @@ class Workspace:
         """Sets ``window``'s mode back through ``fd`` unless someone chmod-ed the directory since
         (to another mode than the window's: changes made inside move its ctime anyway, so a chmod
         to that very mode cannot be told apart), or it was removed meanwhile. Outside
-        ``windows_open`` its close is journaled here. Never raises: the change it follows has
-        been made (a failure is logged, the directory left writable)."""
+        ``windows_open`` its close is journaled here, once the directory is synced (unbatched): the
+        entry stops naming the window at the next synced commit of anyone, and a mode set back
+        that a power cut then loses would leave the directory writable with nothing to set it
+        back (within ``windows_open`` the closes are journaled after the run's syncs). Never
+        raises: the change it follows has been made (a failure is logged, the directory left
+        writable, and a window not synced left journaled open for the finisher to check)."""
         try:
             st = os.fstat(fd)
             if st.st_nlink and stat.S_IMODE(st.st_mode) == window.writable:
                 os.fchmod(fd, window.mode)
+            if self.windows is not None and self._journaled is None and self._pending is None:
+                os.fsync(fd)
         except OSError as exc:
             log.warning("could not set the mode of %r back to %o: %s", window.path, window.mode, exc.strerror)
             return
@@ -349,16 +376,19 @@ class Workspace:
         open: a process killed with the window open left it so. Another mode, or another directory
         at the path, means someone changed it since, which stays. Whether it set the mode back; the
         mode is synced before this returns (the finisher goes on to drop the window from its
-        journal entry, and then the entry, without a sync)."""
+        journal entry, and then the entry, without a sync), and so is the directory when the
+        killed process had set its mode back itself: a batched rollback does that right after the
+        change, and syncs it only at its flush, which a kill before it never made."""
         try:
             with self.dir_fd(window.path) as fd:
                 st = os.fstat(fd)
-                if (not window.same_directory(st, born_ns(fd)) or window.mode & stat.S_IWUSR
-                        or stat.S_IMODE(st.st_mode) != window.writable):
+                if not window.same_directory(st, born_ns(fd)):
                     return False
-                os.fchmod(fd, window.mode)
+                open_still = not window.mode & stat.S_IWUSR and stat.S_IMODE(st.st_mode) == window.writable
+                if open_still:
+                    os.fchmod(fd, window.mode)
                 os.fsync(fd)
-                return True
+                return open_still
         except (FileNotFoundError, NotADirectoryError, UnsafePath):
             return False
 
@@ -409,8 +439,8 @@ class Workspace:
 
     def make_dir(self, path: str, mode: int, check: Check = _no_check) -> None:
         """Creates the directory (or keeps an existing one), owner-writable until set_dir_mode.
-        Unbatched, its parent is synced before this returns (``_changing``): the new directory's
-        entry is durable before anything is written into it."""
+        Unbatched, it and its parent are synced before this returns (``_changing``): the new
+        directory's entry and its mode are durable before anything is written into it."""
         parent, _, name = path.rpartition("/")
         with self._changing(parent) as fd:
             self._synced_dir(parent, fd)
@@ -426,6 +456,10 @@ class Workspace:
                 raise
             try:
                 os.fchmod(created, mode | 0o700)
+                if self._pending is None:
+                    # The new directory's own mode: its parent's sync (``_changing``) holds only its
+                    # entry, and an undo's finisher knows the directory as its own by this mode.
+                    os.fsync(created)
             finally:
                 os.close(created)
 
@@ -541,15 +575,21 @@ class Workspace:
             self._pending.release_later(*held)
 
     def sync_file_systems(self, directories: Iterable[str]) -> None:
-        """Makes durable whatever anyone wrote to the file systems of the root and of
-        ``directories`` (those still there): what a process killed before its batch's flush left
-        in the kernel's cache included, which no later write of ours would sync. OSError if the
+        """Makes durable whatever anyone wrote to the file systems of the root, of ``directories``
+        (those still there) and of every mount point below the root: what a process killed before
+        its batch's flush left in the kernel's cache included, which no later write of ours would
+        sync. The mount points count because ``directories`` name only where a rollback writes: a
+        removal or a mode it set below a mount point is on that file system alone. OSError if a
         file system reports a write error."""
         fds: list[int] = []
         try:
             for directory in ("", *directories):
                 with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafePath):
                     fds.append(self._open_dir(directory))
+            for point in mount_points_under(self.root):
+                # one the server cannot reach (a symlink on the way, no permission) holds nothing it wrote
+                with contextlib.suppress(OSError, UnsafePath, FailedPrecondition):
+                    fds.append(self._open_dir(point))
             sync_file_systems(fds)
         finally:
             for fd in fds:
