@@ -85,6 +85,10 @@ def normalize_url(url: str) -> str:
     if driver is None:
         raise DatabaseUrlError(f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
                          "postgresql+psycopg://USER@HOST:PORT/DB")
+    if driver == "sqlite" and parsed.database in (None, "", ":memory:"):
+        # Every checkpoint would be gone at the next start (and each pooled connection would get
+        # a database of its own).
+        raise DatabaseUrlError("a SQLite database in memory keeps nothing across a restart: use sqlite:///PATH")
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 

@@ -174,6 +174,13 @@ class SqliteRows(DedicatedConnection):
         self._driver.isolation_level = None
         self._cursor = self._driver.cursor()
 
+    def close(self) -> None:
+        # The cursor first: a statement it still holds (the one that failed) would keep the closed
+        # connection open, with its transaction's write lock, until the cursor is collected.
+        with contextlib.suppress(sqlite3.Error):
+            self._cursor.close()
+        super().close()
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         self._checks: list[tuple[list[Statement], Judge]] = []

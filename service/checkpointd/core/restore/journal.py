@@ -42,7 +42,7 @@ from sqlalchemy import delete, select, update
 from sqlmodel import Session
 
 from checkpointd.core.metadata.db import Database
-from checkpointd.core.metadata.models import RollbackJournalRow, utcnow
+from checkpointd.core.metadata.models import OperationRow, RollbackJournalRow, utcnow
 from checkpointd.core.store.tree import Entry, EntryKind
 from checkpointd.core.workspace.windows import Window
 
@@ -55,6 +55,7 @@ LEGACY_DIRECTORY = "rollback-journal"
 LEGACY_SUFFIX = ".json"
 LEGACY_VERSION = 1
 _TABLE = RollbackJournalRow.__table__
+_OPERATIONS = OperationRow.__table__
 
 
 class Goal(enum.StrEnum):
@@ -202,7 +203,9 @@ class RollbackJournal:
 
     def get(self, plan_id: str) -> JournalEntry | None:
         """The plan's entry; None if it has none. An entry that cannot be read is logged and dropped:
-        it names a safety checkpoint that holds the workspace as it was, which stays."""
+        it names a safety checkpoint that holds the workspace as it was, which stays. Its rollback
+        did not finish, so the record of its request_id goes with it (when the entry still names
+        one): a retry runs the rollback again rather than be answered as done."""
         with self.db.session() as session:
             body = session.connection().execute(
                 select(_TABLE.c.entry).where(_TABLE.c.plan_id == plan_id)).scalar_one_or_none()
@@ -213,7 +216,15 @@ class RollbackJournal:
             return JournalEntry.from_record(body)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             log.error("the rollback journal entry of plan %s is unreadable (%s); dropping it", plan_id, exc)
-            self.remove(plan_id)
+            request_id = body.get("request_id") if isinstance(body, dict) else None
+            with self.db.session() as session:
+                connection = session.connection()
+                if isinstance(request_id, str):  # (a rollback without one recorded none)
+                    connection.execute(delete(_OPERATIONS).where(_OPERATIONS.c.request_id == request_id,
+                                                                  _OPERATIONS.c.method == "Rollback"))
+                connection.execute(delete(_TABLE).where(_TABLE.c.plan_id == plan_id))
+                session.commit()
+            self.forget(plan_id)
             return None
 
     def put(self, entry: JournalEntry, session: Session | None = None) -> None:

@@ -392,7 +392,10 @@ class Trees:
                 parts.append((index.firsts[i], index.counts[i], digest))
                 continue
             children = self._part(digest)
-            items = sorted(_with_changes(children, changes).items()) if changes else list(children.items())
+            # Sorted even unchanged: the node remembered under a part's digest may be another
+            # directory with the same children, written in another order (an incremental capture
+            # puts the children it adds last).
+            items = sorted(_with_changes(children, changes).items() if changes else children.items())
             complete, carried = split_parts(carried + items)
             parts.extend(self._write_part(batch, part, digest) for part in complete)
         if carried:
