@@ -11,26 +11,15 @@ import os
 
 import pytest
 
+from tests.core.restore.killed_rollbacks import killed_part_way, three_files_changed_since_a_target
 from tests.core.restore.test_rollback_changes_attacked import _reopen
-from tests.core.restore.test_rollback_write_path_attacked import Plan, _Killed, at_restore_change, write
+from tests.core.restore.test_rollback_write_path_attacked import Plan
 
 
 def test_a_rollback_the_disk_refuses_to_finish_at_start_is_left_for_the_next_attempt(
         plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("a", "b", "c"):
-        write(plan.root / f"d/{name}.txt", f"target {name}\n")
-    target = plan.checkpoint()
-    for name in ("a", "b", "c"):
-        write(plan.root / f"d/{name}.txt", f"changed {name}\n")
-    plan.checkpoint()
-
-    def die() -> None:
-        raise _Killed
-
-    at_restore_change(monkeypatch, {2: die})
-    with pytest.raises(_Killed):
-        plan.rollback(target)
-    monkeypatch.undo()
+    target = three_files_changed_since_a_target(plan, "d")
+    killed_part_way(monkeypatch, lambda: plan.rollback(target))
 
     def fsync(fd: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))

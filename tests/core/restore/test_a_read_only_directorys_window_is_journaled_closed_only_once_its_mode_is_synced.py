@@ -31,8 +31,9 @@ def _die() -> None:
     raise _Killed
 
 
-def test_removing_a_killed_rollbacks_temporary_files_from_a_read_only_directory_syncs_its_mode_first(
-        plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+def _a_file_changed_in_a_read_only_directory(plan: Plan):
+    """ro/ (0555) with f.txt, checkpointed, then f.txt changed (ro/ 0555 again) and checkpointed:
+    returns the first checkpoint, the target."""
     write(plan.root / "ro/f.txt", "target f\n")
     os.chmod(plan.root / "ro", 0o555)
     target = plan.checkpoint()
@@ -40,6 +41,12 @@ def test_removing_a_killed_rollbacks_temporary_files_from_a_read_only_directory_
     write(plan.root / "ro/f.txt", "changed f\n")
     os.chmod(plan.root / "ro", 0o555)
     plan.checkpoint()
+    return target
+
+
+def test_removing_a_killed_rollbacks_temporary_files_from_a_read_only_directory_syncs_its_mode_first(
+        plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = _a_file_changed_in_a_read_only_directory(plan)
     oracle = DurabilityOracle(str(plan.root)).install(monkeypatch, plan.engine)
     try:
         with pytest.MonkeyPatch.context() as mp:
@@ -95,13 +102,7 @@ def test_a_window_of_a_change_that_failed_is_synced_before_it_is_journaled_close
     The window is closed (the mode set back), and the run ends with no sync of ro/ (its directory
     never joined the batch: that comes right before the rename; and an undo syncs a change only
     once it is made): ``windows_open`` then journaled every window closed all the same."""
-    write(plan.root / "ro/f.txt", "target f\n")
-    os.chmod(plan.root / "ro", 0o555)
-    target = plan.checkpoint()
-    os.chmod(plan.root / "ro", 0o755)
-    write(plan.root / "ro/f.txt", "changed f\n")
-    os.chmod(plan.root / "ro", 0o555)
-    plan.checkpoint()
+    target = _a_file_changed_in_a_read_only_directory(plan)
     oracle = DurabilityOracle(str(plan.root)).install(monkeypatch, plan.engine)
     root, real_write = str(plan.root), os.write
 

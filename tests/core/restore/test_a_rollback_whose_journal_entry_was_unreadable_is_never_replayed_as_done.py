@@ -16,8 +16,9 @@ from ulid import ULID
 
 from checkpointd.core.engine.requests import RollbackRequest, Scope
 from checkpointd.core.metadata.models import RollbackJournalRow
+from tests.core.restore.killed_rollbacks import killed_part_way, three_files_changed_since_a_target
 from tests.core.restore.test_an_unreadable_journal_entry_is_dropped_and_the_server_starts import DAMAGE
-from tests.core.restore.test_rollback_write_path_attacked import Plan, _Killed, at_restore_change, write
+from tests.core.restore.test_rollback_write_path_attacked import Plan
 
 JOURNAL = RollbackJournalRow.__table__
 
@@ -25,22 +26,10 @@ JOURNAL = RollbackJournalRow.__table__
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_the_retry_of_a_rollback_whose_entry_could_not_be_read_restores_the_target(
         plan: Plan, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
-    for name in ("a", "b", "c"):
-        write(plan.root / f"{name}.txt", f"target {name}\n")
-    target = plan.checkpoint()
-    for name in ("a", "b", "c"):
-        write(plan.root / f"{name}.txt", f"changed {name}\n")
-    plan.checkpoint()
+    target = three_files_changed_since_a_target(plan)
     request = RollbackRequest(plan_id=plan.plan_id, checkpoint_id=target.checkpoint_id, scope=Scope.FILES,
                               request_id=str(ULID()))
-
-    def die() -> None:
-        raise _Killed
-
-    at_restore_change(monkeypatch, {2: die})
-    with pytest.raises(_Killed):
-        plan.engine.rollback(request)
-    monkeypatch.undo()
+    killed_part_way(monkeypatch, lambda: plan.engine.rollback(request))
     body = dict(plan.engine.journal.get(plan.plan_id).to_record())
     DAMAGE[damage](body)
     with plan.db.session() as session:

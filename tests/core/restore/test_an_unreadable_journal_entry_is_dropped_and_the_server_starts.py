@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import update
 
 from checkpointd.core.metadata.models import CheckpointRow, RollbackJournalRow
+from tests.core.restore.killed_rollbacks import killed_part_way, three_files_changed_since_a_target
 from tests.core.restore.test_rollback_changes_attacked import _reopen
-from tests.core.restore.test_rollback_write_path_attacked import Plan, _Killed, at_restore_change, write
+from tests.core.restore.test_rollback_write_path_attacked import Plan, write
 
 JOURNAL = RollbackJournalRow.__table__
 
@@ -26,20 +27,8 @@ DAMAGE = {
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_an_unreadable_journal_entry_is_dropped_and_its_plan_served(
         plan: Plan, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
-    for name in ("a", "b", "c"):
-        write(plan.root / f"{name}.txt", f"target {name}\n")
-    target = plan.checkpoint()
-    for name in ("a", "b", "c"):
-        write(plan.root / f"{name}.txt", f"changed {name}\n")
-    plan.checkpoint()
-
-    def die() -> None:
-        raise _Killed
-
-    at_restore_change(monkeypatch, {2: die})
-    with pytest.raises(_Killed):
-        plan.rollback(target)
-    monkeypatch.undo()
+    target = three_files_changed_since_a_target(plan)
+    killed_part_way(monkeypatch, lambda: plan.rollback(target))
     body = dict(plan.engine.journal.get(plan.plan_id).to_record())
     DAMAGE[damage](body)
     with plan.db.session() as session:

@@ -190,38 +190,6 @@ def test_a_directory_the_user_made_a_file_after_the_rollback_emptied_it_is_kept_
     assert (plan.root / "d").read_bytes() == b"the user's new file d\n"
 
 
-def test_an_undo_killed_before_its_mode_step_puts_a_read_only_directory_back_read_only(
-        plan: Plan, monkeypatch) -> None:
-    """The rollback removes d/ (0555, holding f.txt; the target lacks it), stops at z.txt and undoes
-    itself; the undo makes d again, writes f.txt back and dies before setting d's mode back to 0555.
-    The next taker finishes the undo: d must be 0555 again."""
-    write(plan.root / "z.txt", "target z\n")
-    target = plan.checkpoint()
-    write(plan.root / "d/f.txt", "precious f\n")
-    os.chmod(plan.root / "d", 0o555)
-    write(plan.root / "z.txt", "changed z\n")
-    plan.checkpoint()
-    before = plan.state()
-    before_workspace_call(monkeypatch, "z.txt", lambda: write(plan.root / "z.txt", "the user's newer z\n"))
-    real = Workspace.set_dir_mode
-
-    def set_dir_mode(self, path, mode):
-        if path == "d":
-            raise _Killed
-        return real(self, path, mode)
-
-    monkeypatch.setattr(Workspace, "set_dir_mode", set_dir_mode)
-    with pytest.raises(_Killed):
-        plan.rollback(target)
-    monkeypatch.undo()
-    assert (plan.root / "d/f.txt").exists(), "the kill was not after the undo's write"
-    plan.checkpoint()
-    assert plan.engine.journal.get(plan.plan_id) is None
-    now = plan.state()
-    assert now.get("d/f.txt") == before["d/f.txt"]
-    assert now.get("d") == ("dir", 0o555), f"d is {now.get('d')!r}"
-
-
 # -- 1b. Workspace._changing: the user's chmod that lands on exactly the mode the server set ---------
 
 

@@ -27,18 +27,7 @@ ENTRY_REMOVED = "entry removed"
 
 def test_files_a_killed_rollback_renamed_unsynced_are_synced_before_its_entry_goes(
         plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
-    write(plan.root / "d/a.txt", "target a\n")
-    target = plan.checkpoint()
-    write(plan.root / "d/a.txt", "changed a, and longer\n")
-    plan.checkpoint()
-
-    def die() -> None:
-        raise _Killed
-
-    at_fault_point(monkeypatch, restorer_module, Point.RESTORE_UNSYNCED, {1: die})
-    with pytest.raises(_Killed):
-        plan.rollback(target)
-    monkeypatch.undo()
+    _killed_after_renaming(plan, monkeypatch)
     assert (plan.root / "d/a.txt").read_text() == "target a\n", "the rollback was not killed after its rename"
 
     events: list[tuple] = []
