@@ -7,7 +7,9 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -54,7 +56,10 @@ def test_help_documents_every_serve_option():
         assert option in serve
 
 
-def test_embedded_defaults_listen_on_50051_and_a_socket_in_the_data_dir(tmp_path):
+def test_embedded_defaults_listen_on_50051_and_a_socket_in_the_data_dir(short_tmp):
+    # Under short_tmp: the socket's path must stay under 108 bytes, which a pytest-xdist worker's
+    # tmp_path (/tmp/pytest-of-root/pytest-1134/popen-gw0/...) does not leave room for.
+    tmp_path = Path(tempfile.mkdtemp(prefix="e-", dir=short_tmp))
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", 50051)) == 0:
             skip_unless_ci("port 50051 is in use on this machine")
