@@ -10,13 +10,12 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from sqlalchemy import delete
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from checkpointd.core.engine.idempotency import forget_rollback
 from checkpointd.core.engine.parts import EngineParts
-from checkpointd.core.engine.records import OPERATIONS, NewCheckpoint, new_row
+from checkpointd.core.engine.records import NewCheckpoint, new_row
 from checkpointd.core.engine.restoring import (
     OpenedWindows,
     interim_paths,
@@ -37,6 +36,7 @@ from checkpointd.core.restore.journal import (
     remove_legacy_directory,
 )
 from checkpointd.core.restore.restorer import ApplyInterrupted
+from checkpointd.core.workspace.mounts import MountTableUnavailable
 from checkpointd.core.workspace.workspace import Workspace
 
 log = logging.getLogger("checkpointd.engine")
@@ -155,7 +155,7 @@ class Recovery:
                                      keep_going=windows.still_ours)
         # Whoever left the entry may have died after renaming files into place, before its batch's
         # flush: planned again, those paths already hold the goal, so nothing above synced them.
-        workspace.sync_file_systems(entry.directories)
+        self._sync_what_it_wrote(workspace, entry)
         crash_point(Point.ROLLBACK_APPLIED)
         parts.journal.remove(entry.plan_id)
 
@@ -167,15 +167,22 @@ class Recovery:
         log.warning("dropping the unfinished rollback of plan %s to %s: %s", entry.plan_id,
                     entry.target_checkpoint_id, why)
         with contextlib.suppress(CheckpointdError):
-            Workspace(entry.workspace_root).sync_file_systems(entry.directories)
+            self._sync_what_it_wrote(Workspace(entry.workspace_root), entry)
         if session is not None:
-            session.connection().execute(delete(JOURNAL).where(JOURNAL.c.plan_id == entry.plan_id))
-            if entry.request_id:
-                session.connection().execute(delete(OPERATIONS).where(
-                    OPERATIONS.c.request_id == entry.request_id, OPERATIONS.c.method == "Rollback"))
+            self.parts.journal.delete_unfinished(session, entry.plan_id, entry.request_id)
             return
         forget_rollback(self.parts.db, entry.request_id)
         self.parts.journal.remove(entry.plan_id)
+
+    def _sync_what_it_wrote(self, workspace: Workspace, entry: JournalEntry) -> None:
+        """Syncs the file systems ``entry``'s rollback may have written to before the entry goes:
+        the root's, its directories', and those mounted below the root (a removal or a mode set
+        below a mount point is on that file system alone). OSError on a write error."""
+        try:
+            mount_points = sorted(self.parts.capturer.mounts.under(workspace.root))
+        except MountTableUnavailable:
+            mount_points = []  # no table to read: no mount points to tell, as for a capture
+        workspace.sync_file_systems(entry.directories, mount_points)
 
     def recover_interrupted_rollbacks(self) -> list[str]:
         """Finishes (or undoes) the rollbacks left unfinished (by this server's previous process, or,

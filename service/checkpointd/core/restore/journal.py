@@ -218,14 +218,21 @@ class RollbackJournal:
             log.error("the rollback journal entry of plan %s is unreadable (%s); dropping it", plan_id, exc)
             request_id = body.get("request_id") if isinstance(body, dict) else None
             with self.db.session() as session:
-                connection = session.connection()
-                if isinstance(request_id, str):  # (a rollback without one recorded none)
-                    connection.execute(delete(_OPERATIONS).where(_OPERATIONS.c.request_id == request_id,
-                                                                  _OPERATIONS.c.method == "Rollback"))
-                connection.execute(delete(_TABLE).where(_TABLE.c.plan_id == plan_id))
+                self.delete_unfinished(session, plan_id, request_id if isinstance(request_id, str) else "")
                 session.commit()
             self.forget(plan_id)
             return None
+
+    @staticmethod
+    def delete_unfinished(session: Session, plan_id: str, request_id: str) -> None:
+        """Deletes the plan's entry, in ``session``'s transaction (the caller commits and then calls
+        ``forget``), with the record of its rollback's ``request_id`` (none when empty): a rollback
+        dropped unfinished must not be replayed as done."""
+        connection = session.connection()
+        connection.execute(delete(_TABLE).where(_TABLE.c.plan_id == plan_id))
+        if request_id:
+            connection.execute(delete(_OPERATIONS).where(_OPERATIONS.c.request_id == request_id,
+                                                          _OPERATIONS.c.method == "Rollback"))
 
     def put(self, entry: JournalEntry, session: Session | None = None) -> None:
         """Replaces the plan's entry. In ``session``'s transaction (the caller commits), or in one of

@@ -40,18 +40,6 @@ def parse_mount_points(data: bytes) -> tuple[str, ...]:
     return tuple(points)
 
 
-def mount_points_under(root: str, path: str = MOUNTINFO) -> tuple[str, ...]:
-    """The mount points strictly under ``root`` (an absolute path without symlinks), relative to
-    it, read from the table now; none when it cannot be read (there is then nothing to tell)."""
-    try:
-        with open(path, "rb") as table:
-            points = parse_mount_points(table.read())
-    except OSError:
-        return ()
-    inner = root.rstrip("/") + "/"
-    return tuple(sorted({point[len(inner):] for point in points if point.startswith(inner)}))
-
-
 class MountTable:
     """The server's mount points, re-read only when the kernel says the table changed."""
 

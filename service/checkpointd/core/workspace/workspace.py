@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterable, Iterator
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
-from checkpointd.core.workspace.mounts import mount_points_under
 from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed, sync_file_systems
 from checkpointd.core.workspace.windows import Window, WindowJournal, born_ns
 
@@ -574,19 +573,18 @@ class Workspace:
         if held is not None:
             self._pending.release_later(*held)
 
-    def sync_file_systems(self, directories: Iterable[str]) -> None:
+    def sync_file_systems(self, directories: Iterable[str], mount_points: Iterable[str] = ()) -> None:
         """Makes durable whatever anyone wrote to the file systems of the root, of ``directories``
-        (those still there) and of every mount point below the root: what a process killed before
-        its batch's flush left in the kernel's cache included, which no later write of ours would
-        sync. The mount points count because ``directories`` name only where a rollback writes: a
-        removal or a mode it set below a mount point is on that file system alone. OSError if a
-        file system reports a write error."""
+        (those still there) and of ``mount_points`` (below the root; those the server cannot reach
+        hold nothing it wrote): what a process killed before its batch's flush left in the kernel's
+        cache included, which no later write of ours would sync. OSError if a file system reports
+        a write error."""
         fds: list[int] = []
         try:
             for directory in ("", *directories):
                 with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafePath):
                     fds.append(self._open_dir(directory))
-            for point in mount_points_under(self.root):
+            for point in mount_points:
                 # one the server cannot reach (a symlink on the way, no permission) holds nothing it wrote
                 with contextlib.suppress(OSError, UnsafePath, FailedPrecondition):
                     fds.append(self._open_dir(point))
