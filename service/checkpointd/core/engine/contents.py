@@ -156,8 +156,7 @@ class Contents:
               after: list[str] | None) -> Iterator[tuple[str, Entry]]:
         """The entries of a tree node (and with ``recursive`` their subtrees), depth first, that
         come after the path whose components below this node are ``after``."""
-        # Sorted here: a node cached as its capture wrote it keeps the capture's order.
-        for name, entry in sorted(self.trees.read(digest).items()):
+        for name, entry in self.trees.read(digest).items():
             if after:
                 if name < after[0]:
                     continue

@@ -231,9 +231,12 @@ class Trees:
             if tail:
                 parts.append(tail)
             return self._write_index(batch, [self._write_part(batch, part) for part in parts])
-        data = encode_node(children)
+        # Remembered in name order, as a node read from the store is: readers (an export's
+        # tar, a flatten) must not depend on whether the node came from the cache.
+        ordered = dict(sorted(children.items()))
+        data = encode_node(ordered)
         digest = self._put(batch, data, previous_digest)
-        self._remember(digest, dict(children))
+        self._remember(digest, ordered)
         return digest
 
     @staticmethod
