@@ -1,8 +1,8 @@
 """The stat index's writer thread persists every update until the index is closed: those made
-after its first write, those after a write that failed (an inode number SQLite cannot hold, as
-some file systems give; an error no one foresaw), those of another workspace queued beside a
-failing one. ``flush`` returns once what was queued is in the file, a write under way included, and
-an update of many removals empties the write-ahead log as one of many entries does."""
+after its first write, those after a write that failed (SQLite refusing it; an error no one
+foresaw), those of another workspace queued beside a failing one. ``flush`` returns once what was
+queued is in the file, a write under way included, and an update of many removals empties the
+write-ahead log as one of many entries does."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ def _read_back(path, root: str = "/workspace") -> dict[str, Indexed]:
         return reopened.for_root(root).entries
     finally:
         reopened.close()
+
+
+def _sqlite_refuses(path, name: str) -> None:
+    """A real SQLite refusal of one path's row (a trigger), as a full disk or a damaged page gives."""
+    db = sqlite3.connect(path)
+    try:
+        db.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON entries WHEN NEW.path = X'{name.encode().hex()}' "
+                   "BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        db.commit()
+    finally:
+        db.close()
 
 
 def test_updates_after_the_first_write_are_persisted_too(tmp_path):
@@ -48,7 +59,8 @@ def test_a_write_sqlite_refuses_is_undone_and_later_writes_persist(tmp_path):
     root = index.for_root("/workspace")
     root.update(kept)
     index.flush()
-    root.update({"dir/huge-inode.txt": Indexed(1, 2, 3, 2 ** 64 - 5, "cd" * 32, 4)}, removed=["dir/kept0.txt"])
+    _sqlite_refuses(path, "dir/refused.txt")
+    root.update({"dir/refused.txt": Indexed(1, 2, 3, 4, "cd" * 32, 5)}, removed=["dir/kept0.txt"])
     index.flush()
     root.update(later)
     index.close()
@@ -60,8 +72,9 @@ def test_a_workspace_whose_write_fails_does_not_cost_another_its_write(tmp_path)
     path = tmp_path / "stat-index.sqlite"
     index = StatIndex(path)
     failing, other = index.for_root("/failing"), index.for_root("/other")
+    _sqlite_refuses(path, "dir/refused.txt")
     with index._db_lock:
-        failing.update({"dir/huge-inode.txt": Indexed(1, 2, 3, 2 ** 64 - 5, "cd" * 32, 4)})
+        failing.update({"dir/refused.txt": Indexed(1, 2, 3, 4, "cd" * 32, 5)})
         other.update(_entries(4))
     index.close()
     assert _read_back(path, "/other") == _entries(4)

@@ -75,6 +75,24 @@ class Indexed(NamedTuple):
         )
 
 
+_SQLITE_INTEGERS = range(-(1 << 63), 1 << 63)
+
+
+def _sqlite_row(entry: Indexed) -> tuple[int, int, int, int, bytes, int] | None:
+    """The entry's columns after the path, or None when SQLite's signed 64-bit integers cannot
+    hold them: an inode number from 2**63 up (some file systems give them) is stored as its two's
+    complement; an mtime past the year 2262 (``touch -d``) is not stored at all."""
+    ino = entry.ino - (1 << 64) if entry.ino >= 1 << 63 else entry.ino
+    numbers = (entry.size, entry.mtime_ns, entry.ctime_ns, ino, entry.indexed_ns)
+    if not all(n in _SQLITE_INTEGERS for n in numbers):
+        return None
+    return entry.size, entry.mtime_ns, entry.ctime_ns, ino, bytes.fromhex(entry.digest), entry.indexed_ns
+
+
+def _from_sqlite_ino(stored: int) -> int:
+    return stored + (1 << 64) if stored < 0 else stored
+
+
 class RootIndex:
     """The index of one workspace root: an in-memory map, loaded once, written through."""
 
@@ -192,7 +210,7 @@ class StatIndex:
             rows = self._db.execute(
                 "SELECT path, size, mtime_ns, ctime_ns, ino, digest, indexed_ns FROM entries WHERE root_id = ?",
                 (root_id,))
-            entries = {os.fsdecode(path): Indexed(size, mtime, ctime, ino, digest.hex(), indexed)
+            entries = {os.fsdecode(path): Indexed(size, mtime, ctime, _from_sqlite_ino(ino), digest.hex(), indexed)
                        for path, size, mtime, ctime, ino, digest, indexed in rows}
         except sqlite3.DatabaseError as exc:
             log.warning("stat index unreadable for %s (%s); files will be re-read", root, exc)
@@ -244,17 +262,20 @@ class StatIndex:
         if self._db is None:
             return
         try:
+            rows = {path: _sqlite_row(e) for path, e in write.fresh.items()}
+            # An entry SQLite cannot hold goes with the removals: the file is read again after a
+            # restart, and an older row of the path cannot stand in for it.
+            gone = write.gone | {path for path, row in rows.items() if row is None}
             self._db.execute("BEGIN")
             try:
                 # Removals first: a path removed, then indexed again, ends up with its new entry.
-                if write.gone:
+                if gone:
                     self._db.executemany("DELETE FROM entries WHERE root_id = ? AND path = ?",
-                                         [(root_id, os.fsencode(path)) for path in write.gone])
+                                         [(root_id, os.fsencode(path)) for path in gone])
                 if write.fresh:
                     self._db.executemany(
                         "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(root_id, os.fsencode(path), e.size, e.mtime_ns, e.ctime_ns, e.ino,
-                          bytes.fromhex(e.digest), e.indexed_ns) for path, e in write.fresh.items()])
+                        [(root_id, os.fsencode(path), *row) for path, row in rows.items() if row is not None])
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -263,7 +284,7 @@ class StatIndex:
                 # Such an update leaves a log beyond journal_size_limit, which SQLite would cut
                 # back at the next write. Emptied here instead, off every request's path.
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        except (sqlite3.DatabaseError, OverflowError) as exc:
+        except sqlite3.DatabaseError as exc:
             log.warning("stat index update failed (%s); it stays in memory only", exc)
 
     def flush(self) -> None:
