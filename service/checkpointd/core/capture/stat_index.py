@@ -75,6 +75,7 @@ class Indexed(NamedTuple):
         )
 
 
+_COLUMNS = "root_id, path, size, mtime_ns, ctime_ns, ino, digest, indexed_ns"
 _SQLITE_INTEGERS = range(-(1 << 63), 1 << 63)
 
 
@@ -151,8 +152,14 @@ class StatIndex:
         if path is not None:
             self._db = self._connect(path)
 
+    def _damage_mark(self, path: Path) -> Path:
+        return path.with_name(path.name + ".damaged")
+
     def _connect(self, path: Path) -> sqlite3.Connection | None:
         private_dir(path.parent, parents=True)
+        if self._damage_mark(path).exists():
+            log.warning("stat index %s was found damaged while serving; starting a new one", path)
+            self._discard(path)
         for attempt in range(2):
             with contextlib.suppress(OSError):  # where it cannot be made, sqlite3's open says why
                 tighten_sqlite(path)
@@ -173,17 +180,22 @@ class StatIndex:
                 db.execute(f"PRAGMA wal_autocheckpoint={max(1, WAL_AUTOCHECKPOINT_BYTES // page_size)}")
                 db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
                 db.executescript(_SCHEMA)
-                db.execute("SELECT count(*) FROM roots").fetchone()
+                # Tables of another layout (IF NOT EXISTS keeps them) would fail every load.
+                db.execute("SELECT root_id, root FROM roots LIMIT 0").fetchall()
+                db.execute(f"SELECT {_COLUMNS} FROM entries LIMIT 0").fetchall()
                 return db
             except sqlite3.DatabaseError as exc:
                 log.warning("stat index %s is unusable (%s); starting a new one", path, exc)
                 with contextlib.suppress(Exception):
                     db.close()
                 if attempt == 0:
-                    for suffix in ("", "-wal", "-shm"):
-                        Path(f"{path}{suffix}").unlink(missing_ok=True)
+                    self._discard(path)
         log.warning("stat index disabled: %s cannot be created", path)
         return None
+
+    def _discard(self, path: Path) -> None:
+        for suffix in ("", "-wal", "-shm", ".damaged"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
 
     def for_root(self, root: str) -> RootIndex:
         """The root's index, read from the file on first use. The read waits for the writer,
@@ -207,13 +219,16 @@ class StatIndex:
             stored_root = os.fsencode(root)
             self._db.execute("INSERT OR IGNORE INTO roots (root) VALUES (?)", (stored_root,))
             (root_id,) = self._db.execute("SELECT root_id FROM roots WHERE root = ?", (stored_root,)).fetchone()
-            rows = self._db.execute(
-                "SELECT path, size, mtime_ns, ctime_ns, ino, digest, indexed_ns FROM entries WHERE root_id = ?",
-                (root_id,))
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM entries WHERE root_id = ?", (root_id,))
             entries = {os.fsdecode(path): Indexed(size, mtime, ctime, _from_sqlite_ino(ino), digest.hex(), indexed)
-                       for path, size, mtime, ctime, ino, digest, indexed in rows}
+                       for _, path, size, mtime, ctime, ino, digest, indexed in rows}
         except sqlite3.DatabaseError as exc:
+            # This root's entries stay in memory; the next start replaces the file (every root's
+            # files read once more) rather than failing here again at each start.
             log.warning("stat index unreadable for %s (%s); files will be re-read", root, exc)
+            if self._path is not None:
+                with contextlib.suppress(OSError):
+                    self._damage_mark(self._path).touch()
             return RootIndex(self, root, None, {})
         return RootIndex(self, root, root_id, entries)
 
