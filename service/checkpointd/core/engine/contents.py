@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from checkpointd.core.engine import filtering
-from checkpointd.core.engine.parts import not_found_if_deleted
+from checkpointd.core.engine.parts import checkpoint_not_found, not_found_if_deleted
 from checkpointd.core.kernel import validation
 from checkpointd.core.kernel.errors import DataLoss, FailedPrecondition, NotFound, Reason
 from checkpointd.core.metadata.db import Database
@@ -79,9 +79,8 @@ class Contents:
         checkpoint_id = validation.checkpoint_id(checkpoint_id)
         with self.db.session() as session:
             row = session.get(CheckpointRow, checkpoint_id)
-        if row is None:
-            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} not found",
-                           checkpoint_id=checkpoint_id)
+            if row is None:
+                raise checkpoint_not_found(session, checkpoint_id)
         if not row.tree_digest:
             raise FailedPrecondition(Reason.NO_WORKSPACE, f"checkpoint {checkpoint_id} has no files (state only)",
                                      checkpoint_id=checkpoint_id)

@@ -107,8 +107,7 @@ class EngineParts:
     def load(session: Session, checkpoint_id: str) -> CheckpointRow:
         row = session.get(CheckpointRow, checkpoint_id)
         if row is None:
-            raise NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} not found",
-                           checkpoint_id=checkpoint_id)
+            raise checkpoint_not_found(session, checkpoint_id)
         return row
 
     def state(self, row: CheckpointRow) -> bytes:
@@ -127,6 +126,17 @@ def abandoned_if_cancelled(operation: str, plan_id: str, cancel: Cancellation) -
                     "anything", operation, plan_id, cancel.seconds_since(), why.value)
         telemetry.capture_abandoned(operation, why.value)
         raise
+
+
+def checkpoint_not_found(session: Session, checkpoint_id: str) -> NotFound:
+    """CHECKPOINT_NOT_FOUND, saying so when the id given is a plan's (both are ULIDs, and a
+    plan id is the one a newcomer has at hand)."""
+    hint = ""
+    if session.get(PlanRow, checkpoint_id) is not None:
+        hint = (f": {checkpoint_id} is a plan id; ListCheckpoints (`checkpointd ls {checkpoint_id}`) "
+                "lists its checkpoints")
+    return NotFound(Reason.CHECKPOINT_NOT_FOUND, f"checkpoint {checkpoint_id} not found{hint}",
+                    checkpoint_id=checkpoint_id)
 
 
 def not_found_if_deleted(db: Database, *checkpoint_ids: str) -> None:
