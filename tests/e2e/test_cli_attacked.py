@@ -81,6 +81,11 @@ def test_garbage_and_unknown_ids_are_one_line_and_exit_nonzero(args, tcp):
     _one_line_failure(run_cli(*args, *tcp))
 
 
+def test_a_state_file_that_cannot_be_read_is_named_with_why(tcp, tmp_path):
+    line = _one_line_failure(run_cli("create", FAR_AWAY, "--state-file", str(tmp_path / "missing.bin"), *tcp))
+    assert line.endswith(f"{tmp_path / 'missing.bin'}: No such file or directory"), line
+
+
 def test_a_state_file_over_the_request_limit_is_one_line(tcp, tmp_path):
     big = tmp_path / "state.bin"
     big.write_bytes(b"x" * (40 << 20))

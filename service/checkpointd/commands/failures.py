@@ -6,6 +6,7 @@ point at another; Ctrl-C says what it left behind (see interruption.on_interrupt
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from functools import wraps
 
@@ -72,6 +73,9 @@ def failure_message(error: BaseException, args: argparse.Namespace) -> str | Non
         return describe(error, args)
     if isinstance(error, UnicodeError):
         return not_utf8(error)
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        # "/a/state.bin: No such file or directory", not Python's "[Errno 2] ...: '/a/state.bin'".
+        return f"{os.fsdecode(error.filename)}: {error.strerror}"
     if isinstance(error, ConnectionOptionsError | OSError):
         return str(error)
     return None
