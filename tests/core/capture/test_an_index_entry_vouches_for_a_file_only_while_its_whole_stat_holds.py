@@ -1,10 +1,10 @@
 """A stat index entry spares a capture reading a file only while the file's stat is the one it
 recorded, every field of it (size, mtime, ctime, inode: a field that differs alone means another
 version, or another file, whose content the entry does not hold), and only once the file was last
-modified well before it was read: within the racy window, a write in the same clock tick as that
-read would leave the stat as it was. A stale entry trusted would have a checkpoint record the old
-content. The stats are a real file's, each field then changed alone (which no file system does on
-its own, as a write changes several)."""
+modified (and its inode last changed) well before it was read: within the racy window, a write in
+the same clock tick as that read would leave the stat as it was. A stale entry trusted would have
+a checkpoint record the old content. The stats are a real file's, each field then changed alone
+(which no file system does on its own, as a write changes several)."""
 
 from __future__ import annotations
 
@@ -62,3 +62,14 @@ def test_a_file_dated_after_its_reading_is_read_again(path):
     st = _stat(path)
     assert not _entry(st, st.st_mtime_ns - RACY_WINDOW_NS).matches(st)
     assert not _entry(st, st.st_mtime_ns - 10 * RACY_WINDOW_NS).matches(st)
+
+
+def test_a_file_whose_mtime_was_set_back_is_read_again_within_the_racy_window_of_its_ctime(path):
+    """A tool that writes a file and then sets its mtime back (cp -p, tar, rsync -t) leaves an old
+    mtime on content changed just now: the inode's change time is the one the window counts from."""
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    st = _stat(path)
+    assert st.st_ctime_ns - st.st_mtime_ns > 10 * RACY_WINDOW_NS
+    for read_after in (0, RACY_WINDOW_NS // 2, RACY_WINDOW_NS):
+        assert not _entry(st, st.st_ctime_ns + read_after).matches(st), read_after
+    assert _entry(st, st.st_ctime_ns + RACY_WINDOW_NS + 1).matches(st)

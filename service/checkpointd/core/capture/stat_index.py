@@ -71,7 +71,9 @@ class Indexed(NamedTuple):
             and self.mtime_ns == st.st_mtime_ns
             and self.ctime_ns == st.st_ctime_ns
             and self.ino == st.st_ino
-            and st.st_mtime_ns < self.indexed_ns - RACY_WINDOW_NS
+            # The ctime too: a tool that writes a file and then sets its mtime back (cp -p,
+            # tar, rsync -t) leaves an old mtime on content changed within the window.
+            and max(st.st_mtime_ns, st.st_ctime_ns) < self.indexed_ns - RACY_WINDOW_NS
         )
 
 
