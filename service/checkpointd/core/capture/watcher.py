@@ -64,6 +64,13 @@ MAX_WATCHED_ROOTS = 64
 RETRY_WATCH_AFTER_SECONDS = 60.0
 #: While ``quieted``, how long the reader lets events gather before it reads them.
 QUIET_SECONDS = 0.05
+#: Dirty paths one workspace's journal holds at most: past them (a build or an install churning
+#: through a folder that is not ignored) it is marked full instead, and the next capture scans
+#: the workspace whole, which costs less than examining that many paths (and the journal's
+#: memory, ~200 bytes a path, stays bounded).
+MAX_DIRTY_PATHS = 200_000
+#: How long the reader waits before reading the queue again after a read failed unexpectedly.
+READ_RETRY_SECONDS = 1.0
 
 if INotify is not None:
     _DIR_MASK = (in_flags.CREATE | in_flags.DELETE | in_flags.MODIFY | in_flags.ATTRIB | in_flags.CLOSE_WRITE
@@ -156,8 +163,18 @@ class Watcher:
             ready = {fd for fd, _ in poller.poll()}
             if self._stop_read in ready or not self._quiet_wait():
                 return
-            with self._reading:
-                self._read_queue()
+            try:
+                with self._reading:
+                    self._read_queue()
+            except OSError as exc:
+                # Kept alive: with no reader, every busy spell between captures would overflow the
+                # queue and make the next capture of every workspace a full scan, until a restart.
+                # (Captures still read the queue themselves; see ``sync``.)
+                log.warning("reading the file-event queue failed (%s); trying again in %.0f s", exc,
+                            READ_RETRY_SECONDS)
+                with self._quiet_changed:
+                    if self._quiet_changed.wait_for(lambda: self._stopping, timeout=READ_RETRY_SECONDS):
+                        return
 
     def _quiet_wait(self) -> bool:
         """While quieted, lets events gather for up to ``QUIET_SECONDS`` (less if the last quiet
@@ -255,7 +272,12 @@ class Watcher:
             kind = SUBTREE
             if mask & _DIR_GONE:
                 self._unwatch_under(journal, path)
+        if journal.full:
+            return  # the next capture scans the workspace whole: no path needs remembering
         journal.dirty[path] = journal.dirty.get(path, 0) | kind
+        if len(journal.dirty) > MAX_DIRTY_PATHS:
+            journal.dirty = {}
+            journal.full = f"more than {MAX_DIRTY_PATHS:,} paths changed since the last capture"
 
     # -- watches --------------------------------------------------------------------------
 
