@@ -71,9 +71,9 @@ class TooLarge(NamedTuple):
     """A file found larger than the scan's size cap once opened."""
 
     size: int
-    st_nlink: int = 1
-    st_dev: int = 0
-    st_ino: int = 0
+    st_nlink: int
+    st_dev: int
+    st_ino: int
 
 
 def chunks(names: list[str], sizes: list[int]) -> list[list[str]]:

@@ -33,7 +33,7 @@ from checkpointd.core.kernel import heap
 from checkpointd.core.kernel.cancellation import CHECK_EVERY, NEVER, Cancellation
 from checkpointd.core.store.content_store import Batch, ContentStore, UnreadableSource, digest_bytes
 from checkpointd.core.store.tree import Entry, EntryKind, Trees
-from checkpointd.core.workspace.readworker import COMPRESS_LIMIT
+from checkpointd.core.workspace.readworker import COMPRESS_LIMIT, OUT_OF_RESOURCES
 from checkpointd.core.workspace.workspace import Inaccessible, UnsafePath, Workspace, is_temp_name
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -313,6 +313,8 @@ class Snapshotter:
                                 if st is None:
                                     break
                                 continue
+                            if exc.errno in OUT_OF_RESOURCES:
+                                raise  # the server ran short, not the directory: never left out for it
                             tally.skipped.append(Skipped(path, 0, SKIP_UNREADABLE))
                             break
                         sub = self._walk(sub_fd, path + "/", rules, max_size, batch, indexed, tally, on_dir)
@@ -612,7 +614,9 @@ def read_file(dir_fd: int, name: str, batch: Batch, similar: str = "",
     checked against it yet), a larger file is not read: ``TooLarge``."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
+    except OSError as exc:
+        if exc.errno in OUT_OF_RESOURCES:
+            raise  # the server ran short, not the file: a checkpoint must not leave it out for that
         return None
     try:
         opened = os.fstat(fd)

@@ -9,18 +9,19 @@ A reader gets tasks on a SOCK_SEQPACKET socket: one message
 ``marshal((task, max_size, names))`` with the directory's file descriptor attached
 (SCM_RIGHTS); it opens each name relative to that descriptor, never following a link,
 and answers on a pipe with a frame ``length (4, big-endian) | marshal((task, results))``.
-A result is None (not a regular file, or unreadable), ``(TOO_LARGE, size, nlink, dev, ino)`` (larger than
-``max_size``; then its link count, device and inode), ``(ELSEWHERE,)`` (larger than what a
-reader handles: the server reads it), or ``(mode, st_size, mtime_ns, ctime_ns, ino, nlink, dev,
-size, record)``: the opened file's stat, then
-how many bytes were read and the pack record storing them (``RECORD`` header, body). A
-reader writes nothing anywhere else: the server appends the records to its store.
+A result is None (not a regular file, or unreadable), ``(TOO_LARGE, size, nlink, dev, ino)``
+(larger than ``max_size``; then its link count, device and inode), ``(ELSEWHERE,)`` (larger than
+what a reader handles, or not opened for want of descriptors or memory: the server reads it), or
+``(mode, st_size, mtime_ns, ctime_ns, ino, nlink, dev, size, record)``: the opened file's stat,
+then how many bytes were read and the pack record storing them (``RECORD`` header, body). A reader
+writes nothing anywhere else: the server appends the records to its store.
 It exits when the task socket closes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import marshal
 import os
@@ -42,6 +43,10 @@ COMPRESS_LIMIT = 1 << 20
 TOO_LARGE = "L"
 ELSEWHERE = "E"
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: errno values that say nothing of a path, only that the process ran short: never taken for a
+#: file or directory that cannot be read (a checkpoint would leave it out, and a rollback to it
+#: leave it as it then is).
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 FRAME = struct.Struct(">I")
 #: A pack record's header: digest (SHA-256) | kind | body length (see ``store.packs``).
 RECORD = struct.Struct(">32scI")
@@ -117,8 +122,10 @@ def _open(dir_fd: int, name: bytes, max_size: int, read_more: bool):
     read it; otherwise what to answer for it."""
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
-        return None
+    except OSError as exc:
+        # A reader short of descriptors or memory says nothing of the file: the server reads it
+        # (and fails the scan if it is short too).
+        return (ELSEWHERE,) if exc.errno in OUT_OF_RESOURCES else None
     keep = False
     try:
         opened = os.fstat(fd)

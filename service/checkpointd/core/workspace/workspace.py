@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from checkpointd.core.kernel.errors import FailedPrecondition, InvalidArgument, Reason
 from checkpointd.core.kernel.faults import Point, crash_point
 from checkpointd.core.workspace import beneath
+from checkpointd.core.workspace.readworker import OUT_OF_RESOURCES
 from checkpointd.core.workspace.syncbatch import SyncBatch, SyncFailed, sync_file_systems
 from checkpointd.core.workspace.windows import Window, WindowJournal, born_ns
 
@@ -61,8 +62,6 @@ Check = Callable[[int, str], None]
 _EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE)
 #: Linux's O_PATH (a descriptor that only references an inode); elsewhere nothing is held.
 _O_PATH = getattr(os, "O_PATH", None)
-#: errno values that say nothing of a path, only that the process ran short: passed on as they are.
-_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 class UnsafePath(Exception):
@@ -225,7 +224,7 @@ class Workspace:
         try:
             root = _open_no_symlinks(self.root)
         except OSError as exc:
-            if exc.errno in _OUT_OF_RESOURCES:
+            if exc.errno in OUT_OF_RESOURCES:
                 raise
             raise self._unavailable(exc) from exc
         try:
@@ -240,7 +239,7 @@ class Workspace:
         try:
             again = self._open_dir(path)
         except OSError as exc:
-            if exc.errno in _OUT_OF_RESOURCES:
+            if exc.errno in OUT_OF_RESOURCES:
                 raise
             raise UnsafePath(path) from exc
         except (UnsafePath, FailedPrecondition) as exc:
