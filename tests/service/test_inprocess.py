@@ -124,6 +124,28 @@ def test_disk_full_is_resource_exhausted_and_records_nothing(grpc_stub, engine, 
     (ws / "large.bin").unlink()
 
 
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM])
+def test_a_server_short_of_descriptors_or_memory_is_unavailable_and_records_nothing(grpc_stub, ws, monkeypatch, code):
+    """Retryable, unlike a full disk; never INTERNAL, and never a checkpoint without the file."""
+    plan_id = str(ULID())
+    real_open = os.open
+
+    def short_open(path, flags, *args, **kwargs):
+        if path == "file.txt":
+            raise OSError(code, os.strerror(code))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", short_open)
+    with pytest.raises(grpc.RpcError) as caught:
+        grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(ws)))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+    assert error_info(caught.value).reason == "SERVER_RESOURCES_EXHAUSTED"
+    monkeypatch.undo()
+    assert grpc_stub.ListCheckpoints(pb.ListCheckpointsRequest(plan_id=plan_id)).checkpoints == []
+    created = grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(ws)))
+    assert created.checkpoint.sequence == 1 and created.checkpoint.file_count == 1
+
+
 def test_concurrent_creates_on_one_plan_get_gap_free_sequences(grpc_stub, ws):
     plan_id = str(ULID())
     grpc_stub.CreateCheckpoint(pb.CreateCheckpointRequest(plan_id=plan_id, workspace_root=str(ws)))

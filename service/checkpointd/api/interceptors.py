@@ -21,7 +21,7 @@ from grpc_status import rpc_status
 
 from checkpointd.api.errors import rich_status, to_status
 from checkpointd.core.kernel.cancellation import Why
-from checkpointd.core.kernel.errors import CheckpointdError, InvalidArgument, Reason
+from checkpointd.core.kernel.errors import CheckpointdError, InvalidArgument, Reason, short_of_resources
 from checkpointd.core.metadata.db import storage_exhausted
 
 log = logging.getLogger("checkpointd.rpc")
@@ -133,7 +133,8 @@ def failure_status(method: str, context: Any, error: Exception, started: float) 
     """The status a handler's exception ends its call with: a domain error's own status (a
     write the disk had no room for is one), an INTERNAL for anything else (logged). Raises
     ``error`` again when it is the call's abort."""
-    domain = error if isinstance(error, CheckpointdError) else storage_exhausted(error)
+    domain = (error if isinstance(error, CheckpointdError)
+              else storage_exhausted(error) or short_of_resources(error))
     if domain is not None:
         _failed_with.set(domain.reason.value)  # the call's access line says it
         log.debug("%s -> %s %s (%.1f ms)", method, domain.kind.name, domain.reason.value,

@@ -7,6 +7,7 @@ itself knows nothing of gRPC.
 from __future__ import annotations
 
 import enum
+import errno
 
 
 class Reason(enum.StrEnum):
@@ -52,6 +53,7 @@ class Reason(enum.StrEnum):
     PENDING_WRITES_FULL = "PENDING_WRITES_FULL"
     IGNORE_RULES_TOO_COSTLY = "IGNORE_RULES_TOO_COSTLY"
     CALL_ABANDONED = "CALL_ABANDONED"
+    SERVER_RESOURCES_EXHAUSTED = "SERVER_RESOURCES_EXHAUSTED"
 
 
 class Kind(enum.Enum):
@@ -129,3 +131,21 @@ class DeadlineExceeded(Cancelled):
     """``Cancelled``, because the call's deadline passed."""
 
     kind = Kind.DEADLINE_EXCEEDED
+
+
+#: errno values of the server itself running short (descriptors, memory), not of any path.
+_SHORT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
+def short_of_resources(error: BaseException) -> Unavailable | None:
+    """SERVER_RESOURCES_EXHAUSTED for an error that is (or was caused by) the server running
+    short of descriptors or memory; None for any other. Retryable, unlike a full disk."""
+    cause: BaseException | None = error
+    for _ in range(8):
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and cause.errno in _SHORT_OF:
+            return Unavailable(Reason.SERVER_RESOURCES_EXHAUSTED,
+                               f"the server ran short of resources: {cause.strerror}; retry (same request_id)")
+        cause = cause.__cause__ or cause.__context__
+    return None
