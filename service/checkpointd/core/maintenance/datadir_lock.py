@@ -129,12 +129,14 @@ class DataDirLock(_FileLock):
 class ServingLock(_FileLock):
     """One server per SQLite database, held for as long as it serves: what it keeps in memory
     (resolved config, known plans, the content store's index) assumes that no other server
-    writes the database. Offline commands that open the store take it too (``held_offline``)."""
+    writes the database. Offline commands that open the store take it too (``held_offline``).
+    The lock file lies beside the database's real file: a server given a symlink to it is another server on it."""
 
     protection = "the one-server-per-database check"
 
     def __init__(self, database: Path, offline: OfflineCommand | None = None) -> None:
-        super().__init__(database.with_name(database.name + ".serving.lock"), exclusive=True)
+        real = Path(os.path.realpath(database))
+        super().__init__(real.with_name(real.name + ".serving.lock"), exclusive=True)
         self.database = database
         self.offline = offline
 
