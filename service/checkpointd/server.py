@@ -279,9 +279,9 @@ class CheckpointdServer:
             undo.callback(self._release_locks)
             undo.callback(self.db.dispose)
             try:
-                if needs_data_dir_lock(settings.store, self.db):
-                    self._data_lock = DataDirLock.for_server(settings.data_dir, settings.store,
-                                                             settings.gc_interval_seconds).acquire()
+                self._data_lock = DataDirLock.for_server(
+                    settings.data_dir, settings.store, settings.gc_interval_seconds,
+                    fenced_by_database=not needs_data_dir_lock(settings.store, self.db)).acquire()
                 self.db.migrate()
             except SQLAlchemyError as exc:
                 raise OptionError(f"cannot use the database {_shown_url(settings)}: {first_line(exc)}") from None

@@ -366,6 +366,26 @@ def test_a_page_token_issued_by_one_replica_is_good_on_the_other(two_replicas):
         assert error_info(refused.value).reason == "INVALID_PAGE_TOKEN"
 
 
+def test_a_second_replica_given_the_same_data_directory_is_refused_at_startup(replicas, short_tmp):
+    """With --store db the content is in the database, but each replica's data directory holds its
+    own staged files and stat index: a second server starting there would sweep the first one's
+    staged files from under its checkpoints. It is refused; the first keeps serving."""
+    (first,) = replicas.start(1)
+    first.start()
+    second = RunningServer(Path(tempfile.mkdtemp(prefix="r-", dir=short_tmp)), db_url=replicas.db_url,
+                           extra_args=first.extra_args)
+    second.data_dir = first.data_dir
+    refused = subprocess.run(second.command(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "each replica needs a data directory of its own" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert first.serving()
+    first.stop()
+    second.start()
+    assert second.serving(), "once the first replica has stopped, its directory can be used again"
+    second.stop()
+
+
 def test_a_second_replica_on_the_same_disk_store_is_refused_at_startup(replicas, short_tmp):
     """A disk store has one writing process: each appends to the newest pack at the end it knows
     of, so a replica given the same data directory would write over the other's committed records.

@@ -99,20 +99,30 @@ class DataDirLock(_FileLock):
     protection = "cross-process GC protection"
 
     def __init__(self, data_dir: Path, exclusive: bool, disk_store_writer: bool = False,
-                 offline: OfflineCommand | None = None) -> None:
+                 offline: OfflineCommand | None = None, replica: bool = False) -> None:
         super().__init__(data_dir / LOCK_NAME, exclusive)
         self.disk_store_writer = disk_store_writer
         self.offline = offline
+        self.replica = replica
 
     @classmethod
-    def for_server(cls, data_dir: Path, store: str, gc_interval_seconds: float) -> DataDirLock:
+    def for_server(cls, data_dir: Path, store: str, gc_interval_seconds: float,
+                   fenced_by_database: bool = False) -> DataDirLock:
         """A server's hold: exclusive to collect garbage, or to write a disk store (one writing
-        process per store, see the module docstring); shared otherwise."""
+        process per store, see the module docstring); shared otherwise. A replica whose
+        collections the database fences (``needs_data_dir_lock`` false) holds its directory
+        alone: its staged files and stat index are its own, and a second server starting there
+        would sweep the first one's staged files from under its checkpoints."""
+        if fenced_by_database:
+            return cls(data_dir, exclusive=True, replica=True)
         disk_store_writer = store == StoreKind.DISK.value
         return cls(data_dir, exclusive=gc_interval_seconds > 0 or disk_store_writer,
                    disk_store_writer=disk_store_writer)
 
     def _busy_message(self) -> str:
+        if self.replica:
+            return (f"{self.path.parent} is in use by another checkpointd server; each replica needs a data "
+                    "directory of its own (--data-dir): its staged files and stat index are that server's")
         if self.disk_store_writer:
             return (f"{self.path.parent} is in use by another checkpointd process; its content store "
                     "(--store disk) takes one server at a time (several replicas on PostgreSQL keep content "
