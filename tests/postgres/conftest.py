@@ -23,6 +23,7 @@ from checkpointd.core.maintenance.fsck import FindingKind, check
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.metadata.models import CheckpointRow, PendingWriteRow, stored_bytes
 from checkpointd.core.store.content_store import ContentStore
+from checkpointd.core.store.db_store import DatabaseStore
 from tests.conftest import PostgresDatabases, RunningServer
 from tests.postgres.replica_pair import Replica
 
@@ -152,3 +153,20 @@ def engine(any_db_url: str, tmp_path: Path) -> Iterator[Engine]:
         checkpoints.close()
         store.close()
         db.dispose()
+
+
+@pytest.fixture
+def database(any_db_url: str) -> Iterator[Database]:
+    """A migrated metadata database on SQLite and on PostgreSQL (``any_db_url``)."""
+    database = Database(any_db_url)
+    database.migrate()
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def objects(database: Database, tmp_path: Path) -> Iterator[DatabaseStore]:
+    """The database content store (``--store db``) on ``database``, closed after the test."""
+    store = DatabaseStore(database, tmp_path / "staging")
+    yield store
+    store.close()

@@ -4,24 +4,13 @@ more or fewer chunks than the database holds, none of them at all included, and 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import text
 
-from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import DatabaseStore
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def database(any_db_url: str) -> Iterator[Database]:
-    database = Database(any_db_url)
-    database.migrate()
-    yield database
-    database.dispose()
 
 
 def test_objects_missing_or_with_extra_chunks_are_reported_and_healthy_ones_are_not(database, tmp_path: Path):

@@ -9,34 +9,16 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from checkpointd.core.kernel.errors import Reason, ResourceExhausted
-from checkpointd.core.metadata.db import Database
 from checkpointd.core.store import db_store
 from checkpointd.core.store.db_store import DatabaseStore
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def database(any_db_url: str) -> Iterator[Database]:
-    database = Database(any_db_url)
-    database.migrate()
-    yield database
-    database.dispose()
-
-
-@pytest.fixture
-def objects(database: Database, tmp_path: Path) -> Iterator[DatabaseStore]:
-    store = DatabaseStore(database, tmp_path / "staging")
-    yield store
-    store.close()
 
 
 def a_full_disk(monkeypatch) -> None:

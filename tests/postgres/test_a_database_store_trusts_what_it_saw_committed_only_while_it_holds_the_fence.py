@@ -5,29 +5,10 @@ skips it if it exists). Counted with the engine's statement events, on SQLite an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from sqlalchemy import event
 
 from checkpointd.core.metadata.db import Database
 from checkpointd.core.store.db_store import DatabaseStore
-
-
-@pytest.fixture
-def database(any_db_url: str) -> Iterator[Database]:
-    database = Database(any_db_url)
-    database.migrate()
-    yield database
-    database.dispose()
-
-
-@pytest.fixture
-def objects(database: Database, tmp_path: Path) -> Iterator[DatabaseStore]:
-    store = DatabaseStore(database, tmp_path / "staging")
-    yield store
-    store.close()
 
 
 class Statements:

@@ -9,20 +9,9 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from checkpointd.core.capture import watcher as watcher_module
-from tests.engine.conftest import Engines, open_engines, write
-
-
-@pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
-    assert watcher_module.available(), "inotify is needed"
-    with open_engines(tmp_path) as opened:
-        yield opened
+from tests.engine.conftest import write
 
 
 def test_a_journal_past_its_path_limit_is_marked_full_and_the_next_capture_misses_nothing(engines, monkeypatch):

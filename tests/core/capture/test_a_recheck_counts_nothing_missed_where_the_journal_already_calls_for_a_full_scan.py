@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture.recheck import Recheck
-from tests.engine.conftest import Engines, open_engines
+from tests.engine.conftest import Engines
 
 OLD_NS = time.time_ns() - 3600 * 10**9
-
-
-@pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
-    assert watcher_module.available(), "inotify is needed"
-    with open_engines(tmp_path) as opened:
-        yield opened
 
 
 def _unseen_change(engines: Engines) -> watcher_module.Journal:

@@ -11,21 +11,11 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture.capturer import Capturer
 from checkpointd.core.capture.snapshot import Snapshotter
 from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.capture.watcher import Watcher
-from tests.engine.conftest import Engines, open_engines, write
-
-
-@pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
-    assert watcher_module.available(), "inotify is needed"
-    with open_engines(tmp_path) as opened:
-        yield opened
+from tests.engine.conftest import Engines, write
 
 
 @contextlib.contextmanager

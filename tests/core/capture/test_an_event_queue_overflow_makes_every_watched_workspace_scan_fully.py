@@ -7,20 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from checkpointd.core.capture import watcher as watcher_module
-from tests.engine.conftest import Engines, open_engines, write
-
-
-@pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
-    assert watcher_module.available(), "inotify is needed"
-    with open_engines(tmp_path) as opened:
-        yield opened
+from tests.engine.conftest import write
 
 
 def _flood(root: Path) -> None:

@@ -7,23 +7,13 @@ missed. Real watched and full-scan capturers over one store (``tests/engine/conf
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.kernel.cancellation import Cancellation, Why
 from checkpointd.core.kernel.errors import Cancelled
 from checkpointd.core.workspace.workspace import Workspace
-from tests.engine.conftest import Engines, open_engines, write
-
-
-@pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
-    assert watcher_module.available(), "inotify is needed"
-    with open_engines(tmp_path) as opened:
-        yield opened
+from tests.engine.conftest import write
 
 
 def test_a_rescan_given_up_on_before_a_watch_was_added_back_leaves_the_next_capture_exact(engines, monkeypatch):

@@ -20,27 +20,18 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from checkpointd.core.capture import recheck as recheck_module
-from checkpointd.core.capture import watcher as watcher_module
 from checkpointd.core.capture.recheck import BATCH, Recheck
 from checkpointd.core.capture.watcher import ENTRY, SUBTREE, Journal
 from checkpointd.core.kernel import telemetry
-from tests.engine.conftest import Engines, open_engines
+from tests.engine.conftest import Engines
 
 OLD_NS = time.time_ns() - 3600 * 10**9
 MISSED = "without a file-watcher event"
-
-
-@pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
-    assert watcher_module.available(), "inotify is needed"
-    with open_engines(tmp_path) as opened:
-        yield opened
 
 
 def _indexed(engines: Engines, files: dict[str, bytes]) -> None:
