@@ -109,7 +109,7 @@ class PlanRegistry:
                                    f"'{os.pathsep}'-separated)",
                                    workspace_root=raw[:512], allowed_workspace_roots=allowed)
         if not os.path.isdir(real):
-            raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, f"workspace_root {raw!r} is not a directory",
+            raise InvalidArgument(Reason.INVALID_WORKSPACE_ROOT, f"workspace_root {raw[:512]!r} is not a directory",
                                   workspace_root=raw[:512])
         return real
 
