@@ -22,7 +22,10 @@ reported under one path); writes through a shared mmap before the file is closed
 with O_TMPFILE, given its name with linkat and then written through its first fd (the writes
 are reported to that fd's nameless dentry, which IN_EXCL_UNLINK drops); a change of a
 directory's owner or ACL that leaves its mode alone (its mode changing makes the capture scan it
-again); changes made on another machine to a network file system (the same as git's fsmonitor).
+again); changes made on another machine to a network file system (the same as git's fsmonitor);
+a workspace that is the upper directory of an overlayfs, written through the overlay's mount (the
+overlay opens its real files unwatched, so watches on the upper directory may see no event; watch
+the merged directory instead).
 A write through an outside name (the first case) is missing from later checkpoints but never
 lost to a rollback: the restorer checks each file against its stat identity (the write moved
 its ctime) before replacing or removing it, and refuses (see
