@@ -485,8 +485,8 @@ class CheckpointdServer:
                 return
 
     def stop(self, grace: float | None = None) -> None:
-        """Drains: health flips to NOT_SERVING first and new calls are refused (UNAVAILABLE /
-        SHUTTING_DOWN), in-flight checkpoints and rollbacks get ``grace`` seconds to finish,
+        """Drains: new calls are refused (UNAVAILABLE / SHUTTING_DOWN) and health flips to
+        NOT_SERVING, in-flight checkpoints and rollbacks get ``grace`` seconds to finish,
         watch streams end, then the listeners close."""
         if self._stopping.is_set():
             self._stopped.wait()
@@ -495,12 +495,14 @@ class CheckpointdServer:
         deadline = time.monotonic() + grace
         self._stopping.set()
         try:
+            # New calls are refused before health says NOT_SERVING: a client that reads NOT_SERVING
+            # and calls at once must be refused, not served (the other order left a window).
+            self.drain.begin()
             try:
                 self._on_loop(self.health.enter_graceful_shutdown(), timeout=LOOP_ANSWER_SECONDS)
             except concurrent.futures.TimeoutError:
                 log.warning("the event loop did not flip health to NOT_SERVING within %.0fs; draining anyway",
                             LOOP_ANSWER_SECONDS)
-            self.drain.begin()
             self.config.wake_all()
             log.info("draining: %d call(s) in flight", self.drain.in_flight)
             if not self.drain.wait_idle(grace):

@@ -371,3 +371,22 @@ def test_a_rollback_in_flight_at_sigterm_gets_its_response_and_the_server_exits_
     finally:
         channel.close()
         proxy.close()
+
+
+def test_new_calls_are_refused_before_health_reads_not_serving(short_tmp):
+    """A client that reads NOT_SERVING and calls at once must be refused, not served: the drain
+    begins before health flips (the other order left a window that a loaded machine hit)."""
+    base = short_tmp / f"drain-{ULID()}"
+    base.mkdir(parents=True)
+    server = CheckpointdServer(_settings(base))
+    server.start()
+    draining_when_health_flipped: list[bool] = []
+    flip = server.health.enter_graceful_shutdown
+
+    async def watched_flip() -> None:
+        draining_when_health_flipped.append(server.drain.draining)
+        await flip()
+
+    server.health.enter_graceful_shutdown = watched_flip
+    server.stop(grace=5)
+    assert draining_when_health_flipped == [True]
