@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from checkpointd.core.capture.snapshot import MAX_DIR_DEPTH, SKIP_TOO_DEEP, Snapshotter, disk_rules
-from checkpointd.core.capture.stat_index import StatIndex
-from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import EntryKind, Trees
-from checkpointd.core.workspace.workspace import Workspace
+from checkpointd.core.capture.snapshot import MAX_DIR_DEPTH, SKIP_TOO_DEEP
+from checkpointd.core.store.tree import EntryKind
+from tests.core.capture.full_scan import full_scan
 from tests.engine.conftest import write
 
 
@@ -19,15 +17,7 @@ def test_the_deepest_level_is_captured_and_the_next_is_reported_too_deep(tmp_pat
     deepest = "/".join(["d"] * MAX_DIR_DEPTH)  # MAX_DIR_DEPTH - 1 slashes: entered
     write(root / deepest / "kept.txt", "deepest level\n")
     write(root / deepest / "d" / "lost.txt", "one level too deep\n")
-    store = ContentStore(tmp_path / "store")
-    trees = Trees(store)
-    snapshotter = Snapshotter(store, trees, StatIndex(), reader_processes=0)
-    workspace = Workspace(str(root))
-    try:
-        with store.batch() as batch:
-            result = snapshotter.capture(workspace, disk_rules(workspace, [], []), 1 << 20, batch)
-    finally:
-        snapshotter.close()
+    store, trees, result = full_scan(tmp_path / "store", root)
     assert [(s.path, s.size, s.reason) for s in result.skipped] == [(f"{deepest}/d", 0, SKIP_TOO_DEEP)]
     files = {p: store.read_bytes(e.digest) for p, e in trees.flatten(result.tree) if e.kind is EntryKind.FILE}
     assert files == {f"{deepest}/kept.txt": b"deepest level\n"}

@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 
 from checkpointd.core.capture import snapshot as snapshot_module
-from checkpointd.core.capture.snapshot import SKIP_UNREADABLE, Snapshotter, disk_rules
-from checkpointd.core.capture.stat_index import StatIndex
-from checkpointd.core.store.content_store import ContentStore
-from checkpointd.core.store.tree import EntryKind, Trees
-from checkpointd.core.workspace.workspace import Workspace
+from checkpointd.core.capture.snapshot import SKIP_UNREADABLE
+from checkpointd.core.store.tree import EntryKind
+from tests.core.capture.full_scan import full_scan
 from tests.engine.conftest import write
 
 SHORT = [errno.EMFILE, errno.ENFILE, errno.ENOMEM]
@@ -43,16 +41,8 @@ def _failing_open(monkeypatch: pytest.MonkeyPatch, victim: str, code: int) -> No
 
 
 def _capture(tmp_path: Path, root: Path):
-    store = ContentStore(tmp_path / "store")
-    trees = Trees(store)
-    snapshotter = Snapshotter(store, trees, StatIndex(), reader_processes=0)
-    workspace = Workspace(str(root))
-    try:
-        with store.batch() as batch:
-            result = snapshotter.capture(workspace, disk_rules(workspace, [], []), 1 << 20, batch)
-        return result, dict(trees.flatten(result.tree))
-    finally:
-        snapshotter.close()
+    _store, trees, result = full_scan(tmp_path / "store", root)
+    return result, dict(trees.flatten(result.tree))
 
 
 @pytest.mark.parametrize("code", SHORT, ids=errno.errorcode.get)

@@ -19,19 +19,12 @@ from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import EntryKind, Trees
 from checkpointd.core.workspace.workspace import Workspace
+from tests.core.capture.full_scan import full_scan
 from tests.engine.conftest import write
 
 
 def _capture(tmp_path: Path, root: Path):
-    store = ContentStore(tmp_path / "store")
-    trees = Trees(store)
-    snapshotter = Snapshotter(store, trees, StatIndex(), reader_processes=0)
-    workspace = Workspace(str(root))
-    try:
-        with store.batch() as batch:
-            result = snapshotter.capture(workspace, disk_rules(workspace, [], []), 1 << 20, batch)
-    finally:
-        snapshotter.close()
+    store, trees, result = full_scan(tmp_path / "store", root)
     entries = {path: (entry.kind, store.read_bytes(entry.digest) if entry.kind is EntryKind.FILE else entry.target)
                for path, entry in trees.flatten(result.tree)}
     return result, entries

@@ -16,6 +16,7 @@ from checkpointd.core.capture.stat_index import StatIndex
 from checkpointd.core.store.content_store import ContentStore
 from checkpointd.core.store.tree import EntryKind, Trees
 from checkpointd.core.workspace.workspace import Workspace
+from tests.core.capture.full_scan import full_scan
 from tests.core.restore.test_rollback_write_path_attacked import as_plain_owner
 from tests.engine.conftest import write
 
@@ -63,14 +64,6 @@ def test_a_symlink_whose_target_cannot_be_read_is_reported_unreadable(tmp_path: 
         return real(path, *args, dir_fd=dir_fd, **kwargs)
 
     monkeypatch.setattr(snapshot_module.os, "readlink", failing)
-    store = ContentStore(tmp_path / "store")
-    trees = Trees(store)
-    snapshotter = Snapshotter(store, trees, StatIndex(), reader_processes=0)
-    workspace = Workspace(str(root))
-    try:
-        with store.batch() as batch:
-            result = snapshotter.capture(workspace, disk_rules(workspace, [], []), 1 << 20, batch)
-    finally:
-        snapshotter.close()
+    store, trees, result = full_scan(tmp_path / "store", root)
     assert [(s.path, s.size, s.reason) for s in result.skipped] == [("link", 0, SKIP_UNREADABLE)]
     assert sorted(path for path, _ in trees.flatten(result.tree)) == ["a.txt"]
